@@ -1,0 +1,57 @@
+# Sluicegate: the two front-door commands are `make run` and `make test`.
+# Both install what they need (Python venv, Debian packages) on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_PACKAGES := wamerican-insane
+BENCH_PACKAGES := redis-server redis-tools nginx wrk gcc
+
+export PYTHONDONTWRITEBYTECODE :=
+
+.PHONY: run test lint format bench clean venv test-deps bench-deps
+
+# Install Debian packages that are missing (sudo when not root).
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+endef
+
+$(STAMP): pyproject.toml requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check uv
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -r requirements-dev.txt -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test-deps:
+	$(call apt_install,$(TEST_PACKAGES))
+
+bench-deps:
+	$(call apt_install,$(BENCH_PACKAGES))
+
+run: venv
+	$(BIN)/sluicegate local
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: venv test-deps lint
+	$(BIN)/python -m pytest -q
+
+bench: venv bench-deps
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache bench/build

@@ -1,0 +1,171 @@
+"""The ``sluicegate`` command: ``local``, ``rules put|get|delete|list|import``, ``check``.
+
+Example::
+
+    sluicegate local --partitions 4 --port 8080
+    sluicegate rules put alice --capacity 1000 --rate 100
+    sluicegate check alice --cost 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from sluicegate.config import Config, ConfigError
+from sluicegate.importer import FORMATS, read_rules
+from sluicegate.rules import Rule, RuleError
+from sluicegate.store import RuleStore, StoreError, open_store
+
+EXIT_ALLOWED, EXIT_DENIED, EXIT_ERROR = 0, 1, 2
+
+
+def _parser(config: Config) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluicegate", description="Sluicegate quota service")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    local = commands.add_parser("local", help="run the whole service on this machine")
+    local.add_argument(
+        "--partitions", type=int, default=config.partitions, help="partition servers (default %(default)s)"
+    )
+    local.add_argument("--host", default=config.host, help="HTTP address (default %(default)s)")
+    local.add_argument("--port", type=int, default=config.port, help="HTTP port, 0 = any free (default %(default)s)")
+    local.add_argument("--db", default=config.db, help="SQLite file (default %(default)s)")
+    local.add_argument("--rules", type=Path, help="import rules from this YAML/JSON/CSV file first")
+
+    rules = commands.add_parser("rules", help="manage rules in the store")
+    rules.add_argument("--db", default=config.db, help="SQLite file (default %(default)s)")
+    actions = rules.add_subparsers(dest="action", required=True)
+    put = actions.add_parser("put", help="create or replace a key's rule")
+    put.add_argument("key")
+    put.add_argument("--capacity", required=True, help="bucket size (credits)")
+    put.add_argument("--rate", required=True, help="refill per second")
+    actions.add_parser("get", help="show a key's rule").add_argument("key")
+    actions.add_parser("delete", help="delete a key's rule").add_argument("key")
+    listing = actions.add_parser("list", help="list rules in key order")
+    listing.add_argument("--prefix", default="")
+    listing.add_argument("--limit", type=int, default=100)
+    bulk = actions.add_parser("import", help="import rules from a YAML, JSON or CSV file")
+    bulk.add_argument("file", type=Path)
+    bulk.add_argument("--format", choices=FORMATS, help="default: from the file extension")
+
+    check = commands.add_parser("check", help="ask a running service whether KEY may spend COST")
+    check.add_argument("key")
+    check.add_argument("--cost", type=int, default=1)
+    check.add_argument("--endpoint", default=f"http://{config.host}:{config.port}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = Config.from_env()
+    except (ConfigError, RuleError) as exc:
+        print(f"sluicegate: configuration error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    args = _parser(config).parse_args(argv)
+    try:
+        if args.command == "local":
+            return _local(args, config)
+        if args.command == "rules":
+            return _rules(args, config)
+        return _check(args)
+    except (RuleError, StoreError, OSError) as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _local(args: argparse.Namespace, config: Config) -> int:
+    from sluicegate.local import run_local
+    from sluicegate.server.__main__ import install_event_loop_policy
+
+    config = dataclasses.replace(config, partitions=args.partitions, host=args.host, port=args.port, db=args.db)
+    config.validate()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s %(message)s")
+    install_event_loop_policy()
+    asyncio.run(run_local(config, rules_file=args.rules))
+    return 0
+
+
+def _rules(args: argparse.Namespace, config: Config) -> int:
+    store = open_store(config.store, path=args.db)
+    try:
+        if args.action == "put":
+            rule = Rule(args.key, args.capacity, args.rate)
+            store.put_rule(rule)
+            print(json.dumps(rule.to_dict()))
+        elif args.action in ("get", "delete"):
+            found = store.get_rule(args.key) if args.action == "get" else store.delete_rule(args.key)
+            if not found:
+                print(f"sluicegate: no rule for {args.key!r}", file=sys.stderr)
+                return EXIT_DENIED
+            if args.action == "get":
+                print(json.dumps(found.to_dict()))  # type: ignore[union-attr]
+        elif args.action == "list":
+            for rule in store.list_rules(prefix=args.prefix, limit=args.limit):
+                print(json.dumps(rule.to_dict()))
+        else:
+            return _import(store, args.file, args.format)
+    finally:
+        store.close()
+    return EXIT_ALLOWED
+
+
+def _import(store: RuleStore, path: Path, fmt: str | None) -> int:
+    """Import good rows in batches with a progress line; report bad rows by line."""
+    bad = 0
+    total_rows = 0
+    last_print = 0.0
+    interactive = sys.stderr.isatty()
+
+    def progress(done: int) -> None:
+        nonlocal last_print
+        now = time.monotonic()
+        if now - last_print >= (0.2 if interactive else 2.0):
+            last_print = now
+            end = "\r" if interactive else "\n"
+            print(f"imported {done} rules ({total_rows} rows read, {bad} bad)", end=end, file=sys.stderr, flush=True)
+
+    def good_rows():  # type: ignore[no-untyped-def]
+        nonlocal bad, total_rows
+        for line, row in read_rules(path, fmt):
+            total_rows += 1
+            if isinstance(row, RuleError):
+                bad += 1
+                print(f"{path}:{line}: {row}", file=sys.stderr)
+            else:
+                yield row
+
+    stored = store.put_rules(good_rows(), progress=progress)
+    print(f"imported {stored} rules from {path}; {bad} bad rows skipped ({total_rows} rows read)", file=sys.stderr)
+    return EXIT_ALLOWED if bad == 0 else EXIT_DENIED
+
+
+def _check(args: argparse.Namespace) -> int:
+    url = f"{args.endpoint.rstrip('/')}/v1/check/{urllib.parse.quote(args.key, safe='')}?cost={args.cost}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        if exc.code != 429:
+            print(f"sluicegate: {exc.code} {body.decode(errors='replace')}", file=sys.stderr)
+            return EXIT_ERROR
+    except urllib.error.URLError as exc:
+        print(f"sluicegate: cannot reach {args.endpoint}: {exc.reason}", file=sys.stderr)
+        return EXIT_ERROR
+    decision = json.loads(body)
+    print(json.dumps(decision))
+    return EXIT_ALLOWED if decision.get("allowed") else EXIT_DENIED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

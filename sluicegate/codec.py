@@ -1,0 +1,254 @@
+"""Binary wire codec between router/SDK and bucket server (UDP). Pure module.
+
+Every datagram starts with a 14-byte header, big-endian::
+
+    magic "SG" (2) | version u8 | op u8 | request_id u64 | count u16
+
+A reply has the request's op with the high bit set, the same request id, and
+``count`` items. Ops:
+
+* ``CHECK``: items ``key_len u16 | cost u32 | key``; reply items
+  ``status u8 | remaining u32 | retry_after_ms u32 | capacity u32 | window_ms u32``.
+* ``STATS``: no items; reply ``count`` u64 counters in :data:`STAT_NAMES` order.
+* ``INVALIDATE``: items ``key_len u16 | key``; the server reloads those keys'
+  rules. Reply: header only, ``count`` = keys it held.
+
+Op codes 4-127 are free for later ops (acquire, release, ...). A reply is never
+larger than the datagram that caused it (no amplification): encoders pad a
+request with zero bytes up to the size of its reply, and decoders reject a
+request too short to pay for its reply.
+
+Example:
+    >>> data = encode_check_request(7, [(b"alice", 1)])
+    >>> decode_check_request(data)
+    (7, [(b'alice', 1)])
+    >>> reply = encode_check_reply(7, [(STATUS_ALLOWED, 9, 0, 10, 1000)])
+    >>> len(reply) <= len(data)
+    True
+    >>> decode_check_reply(reply)[1][0].allowed
+    True
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+MAGIC = b"SG"
+VERSION = 1
+OP_CHECK = 1
+OP_STATS = 2
+OP_INVALIDATE = 3
+REPLY_BIT = 0x80
+KNOWN_OPS = frozenset({OP_CHECK, OP_STATS, OP_INVALIDATE})
+
+STATUS_ALLOWED = 0
+STATUS_DENIED = 1
+STATUS_INVALID = 2  # the key is not valid UTF-8
+STATUS_MASK = 0x0F
+FLAG_DEFAULT_RULE = 0x80  # set in the status byte when the default rule decided
+
+MAX_KEY_BYTES = 256
+MAX_COST = 2**32 - 1
+MAX_ITEMS = 2048
+STAT_NAMES = ("checks", "allowed", "denied", "malformed", "duplicates", "keys", "charged", "rule_loads")
+
+HEADER = struct.Struct("!2sBBQH")
+CHECK_ITEM = struct.Struct("!HI")
+KEY_LEN = struct.Struct("!H")
+RESULT_ITEM = struct.Struct("!BIIII")
+COUNTER = struct.Struct("!Q")
+HEADER_SIZE = HEADER.size
+
+
+class MalformedDatagram(ValueError):
+    """A datagram that does not parse; the server drops and counts it."""
+
+
+class ItemResult(NamedTuple):
+    status: int
+    remaining: int
+    retry_after_ms: int
+    capacity: int
+    window_ms: int
+
+    @property
+    def allowed(self) -> bool:
+        return self.status & STATUS_MASK == STATUS_ALLOWED
+
+    @property
+    def default_rule(self) -> bool:
+        return bool(self.status & FLAG_DEFAULT_RULE)
+
+
+def check_reply_size(count: int) -> int:
+    return HEADER_SIZE + RESULT_ITEM.size * count
+
+
+def stats_reply_size() -> int:
+    return HEADER_SIZE + COUNTER.size * len(STAT_NAMES)
+
+
+def _pad(data: bytes, size: int) -> bytes:
+    return data + bytes(size - len(data)) if len(data) < size else data
+
+
+def _check_padding(data: bytes, end: int) -> None:
+    if end < len(data) and data[end:].strip(b"\0"):
+        raise MalformedDatagram("trailing bytes that are not padding")
+
+
+def decode_header(data: bytes) -> tuple[int, int, int]:
+    """Return ``(op, request_id, count)``; raise :class:`MalformedDatagram` if invalid."""
+    if len(data) < HEADER_SIZE:
+        raise MalformedDatagram("shorter than a header")
+    magic, version, op, request_id, count = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise MalformedDatagram("bad magic")
+    if version != VERSION:
+        raise MalformedDatagram(f"unsupported version {version}")
+    if op & ~REPLY_BIT not in KNOWN_OPS:
+        raise MalformedDatagram(f"unknown op {op}")
+    return op, request_id, count
+
+
+def _decode_request_header(data: bytes, expected_op: int) -> tuple[int, int]:
+    op, request_id, count = decode_header(data)
+    if op != expected_op:
+        raise MalformedDatagram(f"expected op {expected_op}, got {op}")
+    return request_id, count
+
+
+def encode_check_request(request_id: int, checks: Sequence[tuple[bytes, int]]) -> bytes:
+    """One datagram asking for ``checks`` (key bytes, cost), padded to its reply's size."""
+    if not 1 <= len(checks) <= MAX_ITEMS:
+        raise ValueError(f"a check datagram carries 1 to {MAX_ITEMS} checks")
+    parts = [HEADER.pack(MAGIC, VERSION, OP_CHECK, request_id, len(checks))]
+    for key, cost in checks:
+        if not 1 <= len(key) <= MAX_KEY_BYTES:
+            raise ValueError(f"key must be 1 to {MAX_KEY_BYTES} bytes")
+        if not 1 <= cost <= MAX_COST:
+            raise ValueError(f"cost must be 1 to {MAX_COST}")
+        parts.append(CHECK_ITEM.pack(len(key), cost))
+        parts.append(key)
+    return _pad(b"".join(parts), check_reply_size(len(checks)))
+
+
+def decode_check_request(data: bytes) -> tuple[int, list[tuple[bytes, int]]]:
+    """Return ``(request_id, [(key, cost), ...])`` of a CHECK datagram."""
+    request_id, count = _decode_request_header(data, OP_CHECK)
+    return request_id, decode_check_items(data, count)
+
+
+def decode_check_items(data: bytes, count: int) -> list[tuple[bytes, int]]:
+    """The ``(key, cost)`` items of a CHECK datagram whose header says ``count``."""
+    if not 1 <= count <= MAX_ITEMS:
+        raise MalformedDatagram("item count out of range")
+    if len(data) < check_reply_size(count):
+        raise MalformedDatagram("request smaller than its reply (not padded)")
+    checks = []
+    offset = HEADER_SIZE
+    size = len(data)
+    for _ in range(count):
+        if offset + 6 > size:
+            raise MalformedDatagram("truncated item")
+        key_len, cost = CHECK_ITEM.unpack_from(data, offset)
+        offset += 6
+        end = offset + key_len
+        if not 1 <= key_len <= MAX_KEY_BYTES or end > size:
+            raise MalformedDatagram("bad key length")
+        if cost == 0:
+            raise MalformedDatagram("cost must be positive")
+        checks.append((data[offset:end], cost))
+        offset = end
+    _check_padding(data, offset)
+    return checks
+
+
+def encode_check_reply(request_id: int, results: Sequence[tuple[int, int, int, int, int]]) -> bytes:
+    """A CHECK reply; each result is ``(status, remaining, retry_after_ms, capacity, window_ms)``."""
+    pack = RESULT_ITEM.pack
+    return HEADER.pack(MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, len(results)) + b"".join(
+        pack(*result) for result in results
+    )
+
+
+def decode_check_reply(data: bytes) -> tuple[int, list[ItemResult]]:
+    """Return ``(request_id, [ItemResult, ...])`` of a CHECK reply."""
+    request_id, count = _decode_request_header(data, OP_CHECK | REPLY_BIT)
+    if len(data) != check_reply_size(count):
+        raise MalformedDatagram("reply size does not match its item count")
+    unpack = RESULT_ITEM.unpack_from
+    size = RESULT_ITEM.size
+    return request_id, [ItemResult(*unpack(data, HEADER_SIZE + i * size)) for i in range(count)]
+
+
+def encode_stats_request(request_id: int) -> bytes:
+    return _pad(HEADER.pack(MAGIC, VERSION, OP_STATS, request_id, 0), stats_reply_size())
+
+
+def decode_stats_request(data: bytes) -> int:
+    """Return the request id of a STATS datagram."""
+    request_id, _ = _decode_request_header(data, OP_STATS)
+    if len(data) < stats_reply_size():
+        raise MalformedDatagram("stats request smaller than its reply (not padded)")
+    _check_padding(data, HEADER_SIZE)
+    return request_id
+
+
+def encode_stats_reply(request_id: int, counters: dict[str, int]) -> bytes:
+    values = [COUNTER.pack(counters.get(name, 0)) for name in STAT_NAMES]
+    return HEADER.pack(MAGIC, VERSION, OP_STATS | REPLY_BIT, request_id, len(values)) + b"".join(values)
+
+
+def decode_stats_reply(data: bytes) -> tuple[int, dict[str, int]]:
+    request_id, count = _decode_request_header(data, OP_STATS | REPLY_BIT)
+    if len(data) != HEADER_SIZE + COUNTER.size * count:
+        raise MalformedDatagram("stats reply size does not match its count")
+    # A newer server may send more counters than this client knows: keep the known ones.
+    values = [COUNTER.unpack_from(data, HEADER_SIZE + i * COUNTER.size)[0] for i in range(count)]
+    return request_id, dict(zip(STAT_NAMES, values, strict=False))
+
+
+def encode_invalidate_request(request_id: int, keys: Sequence[bytes]) -> bytes:
+    if not 1 <= len(keys) <= MAX_ITEMS:
+        raise ValueError(f"an invalidate datagram carries 1 to {MAX_ITEMS} keys")
+    parts = [HEADER.pack(MAGIC, VERSION, OP_INVALIDATE, request_id, len(keys))]
+    for key in keys:
+        if not 1 <= len(key) <= MAX_KEY_BYTES:
+            raise ValueError(f"key must be 1 to {MAX_KEY_BYTES} bytes")
+        parts.append(KEY_LEN.pack(len(key)))
+        parts.append(key)
+    return b"".join(parts)
+
+
+def decode_invalidate_request(data: bytes) -> tuple[int, list[bytes]]:
+    request_id, count = _decode_request_header(data, OP_INVALIDATE)
+    if not 1 <= count <= MAX_ITEMS:
+        raise MalformedDatagram("item count out of range")
+    keys = []
+    offset = HEADER_SIZE
+    for _ in range(count):
+        if offset + 2 > len(data):
+            raise MalformedDatagram("truncated item")
+        (key_len,) = KEY_LEN.unpack_from(data, offset)
+        offset += 2
+        end = offset + key_len
+        if not 1 <= key_len <= MAX_KEY_BYTES or end > len(data):
+            raise MalformedDatagram("bad key length")
+        keys.append(data[offset:end])
+        offset = end
+    _check_padding(data, offset)
+    return request_id, keys
+
+
+def encode_invalidate_reply(request_id: int, held: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, OP_INVALIDATE | REPLY_BIT, request_id, held)
+
+
+def decode_invalidate_reply(data: bytes) -> tuple[int, int]:
+    request_id, held = _decode_request_header(data, OP_INVALIDATE | REPLY_BIT)
+    if len(data) != HEADER_SIZE:
+        raise MalformedDatagram("invalidate reply has a body")
+    return request_id, held

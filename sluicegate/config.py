@@ -1,0 +1,76 @@
+"""Configuration from ``SLUICEGATE_*`` environment variables, read once, frozen.
+
+Example:
+    >>> cfg = Config.from_env({"SLUICEGATE_PARTITIONS": "8", "SLUICEGATE_FALLBACK": "deny"})
+    >>> cfg.partitions, cfg.fail_open
+    (8, False)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from sluicegate.rules import Rule, default_rule
+
+PREFIX = "SLUICEGATE_"
+
+
+class ConfigError(ValueError):
+    """A ``SLUICEGATE_*`` variable has a value we cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Every setting, with its default. The env name is ``SLUICEGATE_`` + upper-case field."""
+
+    host: str = "127.0.0.1"  # where `sluicegate local` serves HTTP
+    port: int = 8080
+    partitions: int = 4
+    store: str = "sqlite"
+    db: str = "sluicegate.db"
+    default_capacity: int = 100  # the rule unknown keys get; 0 and 0 deny all
+    default_rate: float = 10.0
+    fallback: str = "allow"  # answer when no partition replies: allow | deny
+    timeout_ms: float = 50.0  # one UDP attempt; loopback/VPC round trips are well under 1 ms
+    attempts: int = 3
+    max_datagram: int = 8192  # bytes; larger batches are split
+    reply_cache_ms: int = 2000  # how long a partition remembers a reply for retries
+    admin_token: str = ""  # the rules admin API answers 401 without it
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for spec in fields(cls):
+            raw = environ.get(PREFIX + spec.name.upper())
+            if raw is None or raw == "":
+                continue
+            kind = type(getattr(cls(), spec.name))
+            try:
+                values[spec.name] = kind(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{PREFIX}{spec.name.upper()}={raw!r} is not a valid {kind.__name__}") from exc
+        config = cls(**values)  # type: ignore[arg-type]
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.partitions < 1:
+            raise ConfigError("SLUICEGATE_PARTITIONS must be at least 1")
+        if self.fallback not in ("allow", "deny"):
+            raise ConfigError("SLUICEGATE_FALLBACK must be 'allow' or 'deny'")
+        if self.timeout_ms <= 0 or self.attempts < 1:
+            raise ConfigError("SLUICEGATE_TIMEOUT_MS must be > 0 and SLUICEGATE_ATTEMPTS >= 1")
+        if not 512 <= self.max_datagram <= 65507:
+            raise ConfigError("SLUICEGATE_MAX_DATAGRAM must be 512 to 65507")
+        self.default_rule  # noqa: B018 - raises RuleError (a ValueError) if invalid
+
+    @property
+    def fail_open(self) -> bool:
+        return self.fallback == "allow"
+
+    @property
+    def default_rule(self) -> Rule:
+        return default_rule(self.default_capacity, self.default_rate)

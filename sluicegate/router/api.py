@@ -1,0 +1,173 @@
+"""The HTTP check API, independent of any HTTP server.
+
+``CheckApi.handle(request)`` returns an :class:`HttpResponse` at once (errors,
+health) or an awaitable of one (checks). The asyncio server of
+``sluicegate local`` and the router Lambda both call it.
+
+* ``GET /v1/check/{key}?cost=N``: 200 allowed / 429 denied, JSON decision.
+* ``POST /v1/check`` ``{"checks": [{"key": ..., "cost": ...}]}``: 200, ``{"results": [...]}``.
+* ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from sluicegate.codec import MAX_COST
+from sluicegate.router.client import Decision, PartitionClient
+from sluicegate.router.headers import most_restrictive, rate_limit_headers
+from sluicegate.rules import RuleError, validate_key
+
+MAX_BATCH = 100
+CHECK_PREFIX = "/v1/check/"
+RULES_PREFIX = "/v1/rules"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str  # still percent-encoded
+    query: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    body: bytes = b""
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class BadRequest(ValueError):
+    """Input the caller must fix; becomes a 400 with this message."""
+
+
+def json_response(status: int, payload: Any, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return HttpResponse(status, body, [("Content-Type", "application/json"), *(headers or [])])
+
+
+def error_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
+    return json_response(status, {"error": message}, headers)
+
+
+def parse_cost(value: object) -> int:
+    """A positive whole number of credits (``"3"``, ``3`` or ``3.0``)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isdigit():
+            raise BadRequest(f"cost must be a positive whole number, got {value!r}")
+        value = int(text)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"cost must be a positive whole number, got {value!r}")
+    if not 1 <= value <= MAX_COST:
+        raise BadRequest(f"cost must be from 1 to {MAX_COST}, got {value}")
+    return value
+
+
+def parse_key(value: object) -> str:
+    try:
+        return validate_key(value)
+    except RuleError as exc:
+        raise BadRequest(str(exc)) from exc
+
+
+def decode_path_key(raw: str) -> str:
+    try:
+        return parse_key(unquote(raw, errors="strict"))
+    except UnicodeDecodeError as exc:
+        raise BadRequest("key is not valid UTF-8") from exc
+
+
+def parse_checks(body: bytes) -> list[tuple[str, int]]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from exc
+    checks = payload.get("checks") if isinstance(payload, dict) else None
+    if not isinstance(checks, list) or not checks:
+        raise BadRequest('body must be {"checks": [{"key": ..., "cost": ...}, ...]} with at least one check')
+    if len(checks) > MAX_BATCH:
+        raise BadRequest(f"at most {MAX_BATCH} checks per request, got {len(checks)}")
+    parsed = []
+    for index, item in enumerate(checks):
+        if not isinstance(item, dict):
+            raise BadRequest(f"checks[{index}] must be an object")
+        try:
+            parsed.append((parse_key(item.get("key")), parse_cost(item.get("cost", 1))))
+        except BadRequest as exc:
+            raise BadRequest(f"checks[{index}]: {exc}") from exc
+    return parsed
+
+
+Handler = Callable[[HttpRequest], "HttpResponse | Awaitable[HttpResponse]"]
+
+
+class CheckApi:
+    """Routes requests; ``admin`` handles ``/v1/rules`` when given."""
+
+    def __init__(self, client: PartitionClient, *, admin: Handler | None = None) -> None:
+        self.client = client
+        self.admin = admin
+
+    def handle(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        path = request.path
+        try:
+            if path.startswith(CHECK_PREFIX):
+                if request.method not in ("GET", "HEAD"):
+                    return error_response(405, "use GET /v1/check/{key} or POST /v1/check", [("Allow", "GET")])
+                return self._check_one(path[len(CHECK_PREFIX) :], request.query)
+            if path == "/v1/check":
+                if request.method != "POST":
+                    return error_response(405, "use POST /v1/check with a JSON body", [("Allow", "POST")])
+                return self._check_batch(parse_checks(request.body))
+            if path == "/healthz":
+                return json_response(200, {"status": "ok", "partitions": len(self.client.addresses)})
+            if path == RULES_PREFIX or path.startswith(RULES_PREFIX + "/"):
+                if self.admin is None:
+                    return error_response(404, "the rules admin API is not served here")
+                return self.admin(request)
+        except BadRequest as exc:
+            return error_response(400, str(exc))
+        return error_response(404, f"no such resource: {path}")
+
+    def _check_one(self, raw_key: str, query: str) -> Awaitable[HttpResponse]:
+        key = decode_path_key(raw_key)
+        params = parse_qs(query, keep_blank_values=True)
+        cost = parse_cost(params["cost"][-1]) if "cost" in params else 1
+        future = self.client.submit(key, cost)
+        return _map_future(future, _single_response)
+
+    async def _check_batch(self, checks: list[tuple[str, int]]) -> HttpResponse:
+        decisions = await self.client.check_many(checks)
+        return json_response(
+            200,
+            {"results": [d.to_json() for d in decisions]},
+            rate_limit_headers(most_restrictive(decisions)),
+        )
+
+
+def _single_response(decision: Decision) -> HttpResponse:
+    return json_response(200 if decision.allowed else 429, decision.to_json(), rate_limit_headers(decision))
+
+
+def _map_future(
+    future: asyncio.Future[Decision], build: Callable[[Decision], HttpResponse]
+) -> asyncio.Future[HttpResponse]:
+    # A plain future + callback is cheaper than a task per request on the hot path.
+    mapped: asyncio.Future[HttpResponse] = future.get_loop().create_future()
+
+    def done(source: asyncio.Future[Decision]) -> None:
+        if not mapped.done():
+            mapped.set_result(build(source.result()))
+
+    future.add_done_callback(done)
+    return mapped

@@ -1,0 +1,82 @@
+"""Entry point of one bucket-server process (one partition).
+
+``python -m sluicegate.server --listen 127.0.0.1:7001`` or, under
+``sluicegate local``, ``--fd N`` with a UDP socket the supervisor bound (so a
+restarted partition keeps its address and queued datagrams).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+from sluicegate.config import Config
+from sluicegate.server.partition import Partition
+from sluicegate.server.udp import serve_partition
+from sluicegate.store import open_store
+
+SOCKET_BUFFER = 4 * 1024 * 1024
+
+
+def install_event_loop_policy() -> None:
+    """Use uvloop when it is installed (it is a runtime dependency, but optional)."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def tune(sock: socket.socket) -> None:
+    # Bursts of datagrams queue in the kernel while a rule load or a GC pause runs.
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+
+
+async def run(args: argparse.Namespace, config: Config) -> None:
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else None
+    if sock is None:
+        sock = socket.socket(socket.AF_INET6 if ":" in args.listen[0] else socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(args.listen)
+    tune(sock)
+    store = open_store(config.store, path=args.db or config.db)
+    partition = Partition(default_rule=config.default_rule, reply_cache_ns=config.reply_cache_ms * 1_000_000)
+    server, address = await serve_partition(partition, store, sock=sock)
+    print(f"partition {args.partition} listening on udp {address[0]}:{address[1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sluicegate.server", description=__doc__)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--listen", type=parse_address, help="HOST:PORT to bind (UDP)")
+    where.add_argument("--fd", type=int, help="an inherited, bound UDP socket")
+    parser.add_argument("--partition", type=int, default=0, help="partition index (for logs)")
+    parser.add_argument("--db", help="SQLite file (default: SLUICEGATE_DB)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"partition {args.partition}: %(levelname)s %(message)s")
+    config = Config.from_env()
+    install_event_loop_policy()
+    asyncio.run(run(args, config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

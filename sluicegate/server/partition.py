@@ -1,0 +1,190 @@
+"""Sans-I/O core of a bucket server: datagrams in, replies out, time passed in.
+
+The core never blocks and never does I/O. A check for a key it has not seen
+parks its datagram and asks (through :meth:`Partition.keys_to_load`) for the
+key's rule; the adapter loads rules from the store and hands them back with
+:meth:`Partition.rules_loaded`, which answers the parked datagrams. Keys
+already held are decided at once, so a slow rule load blocks nobody else.
+
+Example:
+    >>> from sluicegate import codec
+    >>> from sluicegate.rules import default_rule
+    >>> p = Partition(default_rule=default_rule(10, 1))
+    >>> request = codec.encode_check_request(1, [(b"alice", 3)])
+    >>> p.receive_datagram(request, ("127.0.0.1", 5000), now_ns=0) is None  # parked
+    True
+    >>> p.keys_to_load()
+    [b'alice']
+    >>> [(reply, addr)] = p.rules_loaded({b"alice": None}, now_ns=0)
+    >>> codec.decode_check_reply(reply)[1][0].remaining
+    7
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sluicegate import codec
+from sluicegate.bucket import Bucket
+from sluicegate.rules import Rule
+
+Address = Any  # whatever the transport uses: (host, port) for UDP
+DEFAULT_REPLY_CACHE_NS = 2_000_000_000
+
+
+class Partition:
+    """One partition's buckets, reply cache and counters."""
+
+    def __init__(self, *, default_rule: Rule, reply_cache_ns: int = DEFAULT_REPLY_CACHE_NS) -> None:
+        self.default_rule = default_rule
+        self.buckets: dict[bytes, Bucket] = {}
+        # Replies by (address, request id) in two generations rotated every
+        # reply_cache_ns: a retried request gets the same answer, charged once.
+        self._reply_cache_ns = reply_cache_ns
+        self._recent: dict[tuple[Address, int], bytes] = {}
+        self._older: dict[tuple[Address, int], bytes] = {}
+        self._rotated_at: int | None = None
+        self._parked: list[tuple[tuple[Address, int], list[tuple[bytes, int]]]] = []
+        self._parked_ids: set[tuple[Address, int]] = set()
+        self._wanted: set[bytes] = set()
+        self._loading: set[bytes] = set()
+        self.checks = self.allowed = self.denied = self.malformed = 0
+        self.duplicates = self.charged = self.rule_loads = 0
+
+    def counters(self) -> dict[str, int]:
+        """Counters since start: checks, allowed, denied, malformed, duplicates, keys, ..."""
+        return {
+            "checks": self.checks,
+            "allowed": self.allowed,
+            "denied": self.denied,
+            "malformed": self.malformed,
+            "duplicates": self.duplicates,
+            "keys": len(self.buckets),
+            "charged": self.charged,
+            "rule_loads": self.rule_loads,
+        }
+
+    def receive_datagram(self, data: bytes, addr: Address, now_ns: int) -> bytes | None:
+        """Handle one datagram; return the reply to send to ``addr``, or None.
+
+        None means dropped (malformed, counted) or parked until rules arrive.
+        """
+        try:
+            op, request_id, count = codec.decode_header(data)
+            if op == codec.OP_CHECK:
+                return self._receive_check(data, addr, request_id, count, now_ns)
+            if op == codec.OP_STATS:
+                return codec.encode_stats_reply(codec.decode_stats_request(data), self.counters())
+            if op == codec.OP_INVALIDATE:
+                _, keys = codec.decode_invalidate_request(data)
+                held = [key for key in keys if key in self.buckets]
+                self._wanted.update(held)
+                return codec.encode_invalidate_reply(request_id, len(held))
+            raise codec.MalformedDatagram("a reply sent to a server")
+        except codec.MalformedDatagram:
+            self.malformed += 1
+            return None
+
+    def _receive_check(self, data: bytes, addr: Address, request_id: int, count: int, now_ns: int) -> bytes | None:
+        self._rotate(now_ns)
+        ident = (addr, request_id)
+        cached = self._recent.get(ident) or self._older.get(ident)
+        if cached is not None:
+            self.duplicates += 1
+            return cached
+        if ident in self._parked_ids:
+            self.duplicates += 1
+            return None
+        checks = codec.decode_check_items(data, count)
+        buckets = self.buckets
+        missing = [key for key, _ in checks if key not in buckets and _is_utf8(key)]
+        if missing:
+            self._parked.append((ident, checks))
+            self._parked_ids.add(ident)
+            self._wanted.update(key for key in missing if key not in self._loading)
+            return None
+        return self._decide(ident, checks, now_ns)
+
+    def _decide(self, ident: tuple[Address, int], checks: list[tuple[bytes, int]], now_ns: int) -> bytes:
+        results = []
+        buckets = self.buckets
+        default_rule = self.default_rule
+        for key, cost in checks:
+            bucket = buckets.get(key)
+            if bucket is None:  # only keys that are not UTF-8 are never loaded
+                results.append((codec.STATUS_INVALID, 0, 0, 0, 0))
+                continue
+            rule = bucket.rule
+            if bucket.take(cost, now_ns):
+                self.allowed += 1
+                self.charged += cost
+                status, retry = codec.STATUS_ALLOWED, 0
+            else:
+                self.denied += 1
+                status, retry = codec.STATUS_DENIED, bucket.retry_after_ms(cost, now_ns)
+            if rule is default_rule:
+                status |= codec.FLAG_DEFAULT_RULE
+            results.append((status, bucket.remaining, retry, rule.capacity, rule.window_ms))
+        self.checks += len(checks)
+        reply = codec.encode_check_reply(ident[1], results)
+        self._recent[ident] = reply
+        return reply
+
+    def _rotate(self, now_ns: int) -> None:
+        if self._rotated_at is None:
+            self._rotated_at = now_ns
+        elif now_ns - self._rotated_at >= self._reply_cache_ns:
+            self._older, self._recent = self._recent, {}
+            self._rotated_at = now_ns
+
+    def keys_to_load(self, limit: int = 1000) -> list[bytes]:
+        """Keys whose rules the adapter should load now (at most ``limit``)."""
+        keys = []
+        while self._wanted and len(keys) < limit:
+            keys.append(self._wanted.pop())
+        self._loading.update(keys)
+        return keys
+
+    def rules_loaded(self, rules: Mapping[bytes, Rule | None], now_ns: int) -> list[tuple[bytes, Address]]:
+        """Install loaded rules (None: the default rule); return replies now due.
+
+        A key already held (an invalidation) keeps its credit, clamped to the
+        new capacity.
+        """
+        for key, rule in rules.items():
+            self._loading.discard(key)
+            self.rule_loads += 1
+            rule = rule or self.default_rule
+            bucket = self.buckets.get(key)
+            if bucket is None:
+                self.buckets[key] = Bucket(rule, now_ns)
+            else:
+                bucket.set_rule(rule, now_ns)
+        return self._answer_parked(now_ns)
+
+    def _answer_parked(self, now_ns: int) -> list[tuple[bytes, Address]]:
+        replies = []
+        waiting = []
+        buckets = self.buckets
+        for ident, checks in self._parked:
+            if all(key in buckets or not _is_utf8(key) for key, _ in checks):
+                self._parked_ids.discard(ident)
+                self._rotate(now_ns)
+                replies.append((self._decide(ident, checks, now_ns), ident[0]))
+            else:
+                waiting.append((ident, checks))
+        self._parked = waiting
+        return replies
+
+    @property
+    def wants_rules(self) -> bool:
+        return bool(self._wanted)
+
+
+def _is_utf8(key: bytes) -> bool:
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

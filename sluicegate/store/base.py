@@ -1,0 +1,136 @@
+"""The store interface: a base class that owns the workflow, backends that do I/O.
+
+A backend implements ``_fetch``, ``_write``, ``_remove``, ``_scan`` and
+``_close`` and names its driver's exception types; the base validates input,
+batches, and turns driver errors into :class:`StoreError` /
+:class:`StoreUnavailable` (``raise ... from exc``), so no caller ever sees a
+driver exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from sluicegate.rules import Rule, RuleError, validate_key
+
+DEFAULT_BATCH = 500
+MAX_LIST = 1000
+
+
+class StoreError(Exception):
+    """The store failed to do what was asked."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (or is locked/throttled); retrying may help."""
+
+
+class RuleStore(ABC):
+    """Rules by key. Thread-safe for one writer at a time per backend."""
+
+    #: Driver exceptions that mean "cannot reach the store now".
+    unavailable_errors: tuple[type[BaseException], ...] = ()
+    #: Any other driver exception the backend may raise.
+    driver_errors: tuple[type[BaseException], ...] = ()
+
+    def get_rule(self, key: str) -> Rule | None:
+        """The rule stored for ``key``, or None."""
+        return self.get_rules([key]).get(key)
+
+    def get_rules(self, keys: Iterable[str]) -> dict[str, Rule]:
+        """Rules of the ``keys`` that have one (keys without a rule are absent)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, Rule] = {}
+        for start in range(0, len(wanted), DEFAULT_BATCH):
+            with self._driver_errors_mapped():
+                found.update((rule.key, rule) for rule in self._fetch(wanted[start : start + DEFAULT_BATCH]))
+        return found
+
+    def put_rule(self, rule: Rule) -> None:
+        """Create or replace one rule."""
+        self.put_rules([rule])
+
+    def put_rules(
+        self,
+        rules: Iterable[Rule],
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Create or replace many rules in batches; ``progress(n_done)`` after each batch."""
+        done = 0
+        batch: list[Rule] = []
+        for rule in rules:
+            if not isinstance(rule, Rule):
+                raise TypeError("put_rules takes Rule objects")
+            batch.append(rule)
+            if len(batch) >= batch_size:
+                done += self._write_batch(batch)
+                batch = []
+                if progress:
+                    progress(done)
+        if batch:
+            done += self._write_batch(batch)
+            if progress:
+                progress(done)
+        return done
+
+    def _write_batch(self, batch: Sequence[Rule]) -> int:
+        # Last write wins inside one batch, as it would across batches.
+        unique = list({rule.key: rule for rule in batch}.values())
+        with self._driver_errors_mapped():
+            self._write(unique)
+        return len(batch)
+
+    def delete_rule(self, key: str) -> bool:
+        """Delete the rule for ``key``; True if there was one."""
+        validate_key(key)
+        with self._driver_errors_mapped():
+            return self._remove(key)
+
+    def list_rules(self, *, prefix: str = "", after: str | None = None, limit: int = 100) -> list[Rule]:
+        """Rules in key order, starting after ``after``, whose key starts with ``prefix``."""
+        if not 1 <= limit <= MAX_LIST:
+            raise RuleError(f"limit must be 1 to {MAX_LIST}")
+        with self._driver_errors_mapped():
+            return self._scan(prefix, after, limit)
+
+    def iter_rules(self, *, prefix: str = "") -> Iterator[Rule]:
+        """Every rule whose key starts with ``prefix``, page by page."""
+        after = None
+        while True:
+            page = self.list_rules(prefix=prefix, after=after, limit=MAX_LIST)
+            yield from page
+            if len(page) < MAX_LIST:
+                return
+            after = page[-1].key
+
+    def close(self) -> None:
+        with self._driver_errors_mapped():
+            self._close()
+
+    @contextlib.contextmanager
+    def _driver_errors_mapped(self) -> Iterator[None]:
+        try:
+            yield
+        except self.unavailable_errors as exc:
+            raise StoreUnavailable(f"{type(self).__name__}: store unavailable: {exc}") from exc
+        except self.driver_errors as exc:
+            raise StoreError(f"{type(self).__name__}: {exc}") from exc
+
+    @abstractmethod
+    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]: ...
+
+    @abstractmethod
+    def _write(self, rules: Sequence[Rule]) -> None: ...
+
+    @abstractmethod
+    def _remove(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def _scan(self, prefix: str, after: str | None, limit: int) -> list[Rule]: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
