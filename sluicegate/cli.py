@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "rules":
             return _rules(args, config)
         return _check(args)
-    except (RuleError, StoreError, OSError) as exc:
+    except (ConfigError, RuleError, StoreError, OSError) as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return EXIT_ERROR
 

@@ -8,11 +8,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from sluicegate.rules import Rule, default_rule
+from sluicegate.rules import Rule, RuleError, default_rule
 
 PREFIX = "SLUICEGATE_"
 
@@ -57,15 +58,23 @@ class Config:
         return config
 
     def validate(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("SLUICEGATE_PORT must be 0 to 65535")
         if self.partitions < 1:
             raise ConfigError("SLUICEGATE_PARTITIONS must be at least 1")
         if self.fallback not in ("allow", "deny"):
             raise ConfigError("SLUICEGATE_FALLBACK must be 'allow' or 'deny'")
-        if self.timeout_ms <= 0 or self.attempts < 1:
-            raise ConfigError("SLUICEGATE_TIMEOUT_MS must be > 0 and SLUICEGATE_ATTEMPTS >= 1")
+        if not (math.isfinite(self.timeout_ms) and self.timeout_ms > 0):
+            raise ConfigError("SLUICEGATE_TIMEOUT_MS must be a finite number > 0")
+        if self.attempts < 1:
+            raise ConfigError("SLUICEGATE_ATTEMPTS must be at least 1")
         if not 512 <= self.max_datagram <= 65507:
             raise ConfigError("SLUICEGATE_MAX_DATAGRAM must be 512 to 65507")
-        self.default_rule  # noqa: B018 - raises RuleError (a ValueError) if invalid
+        for name, capacity, rate in (("CAPACITY", self.default_capacity, 0), ("RATE", 0, self.default_rate)):
+            try:
+                default_rule(capacity, rate)
+            except RuleError as exc:
+                raise ConfigError(f"SLUICEGATE_DEFAULT_{name}: {exc}") from exc
 
     @property
     def fail_open(self) -> bool:

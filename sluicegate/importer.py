@@ -35,14 +35,18 @@ def detect_format(path: Path) -> str:
 def read_rules(path: Path, fmt: str | None = None) -> Iterator[Row]:
     """Yield ``(line, Rule or RuleError)`` for every row of ``path``."""
     fmt = fmt or detect_format(path)
-    if fmt == "csv":
-        yield from _read_csv(path)
-    elif fmt == "json":
-        yield from _read_json(path.read_text(encoding="utf-8"))
-    elif fmt == "yaml":
-        yield from _read_yaml(path.read_text(encoding="utf-8"))
-    else:
-        raise RuleError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    try:
+        # utf-8-sig: spreadsheets often start a CSV (or JSON) with a byte order mark.
+        if fmt == "csv":
+            yield from _read_csv(path)
+        elif fmt == "json":
+            yield from _read_json(path.read_text(encoding="utf-8-sig"))
+        elif fmt == "yaml":
+            yield from _read_yaml(path.read_text(encoding="utf-8-sig"))
+        else:
+            raise RuleError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    except UnicodeDecodeError as exc:
+        raise RuleError(f"{path.name} is not UTF-8 text: {exc.reason}") from exc
 
 
 def _rule(line: int, data: object) -> Row:
@@ -53,7 +57,7 @@ def _rule(line: int, data: object) -> Row:
 
 
 def _read_csv(path: Path) -> Iterator[Row]:
-    with path.open(newline="", encoding="utf-8") as handle:
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         missing = {"key", "capacity", "rate"} - set(reader.fieldnames or [])
         if missing:

@@ -125,6 +125,16 @@ def _restart(part: PartitionProcess, stop: asyncio.Event) -> None:
         part.restarts += 1
 
 
+async def wait_until_ready(client: PartitionClient, timeout_s: float = 30.0) -> None:
+    """Wait until every partition answers a STATS datagram (its process is serving)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    for index in range(len(client.addresses)):
+        while await client.stats(index) is None:
+            if loop.time() > deadline:
+                raise RuntimeError(f"partition {index} did not start within {timeout_s:.0f}s")
+
+
 async def run_local(config: Config, *, rules_file: Path | None = None) -> None:
     store = open_store(config.store, path=config.db)
     if rules_file is not None:
@@ -149,6 +159,7 @@ async def run_local(config: Config, *, rules_file: Path | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await client.start()
+        await wait_until_ready(client)
         admin = RulesAdmin(store, config.admin_token, on_change=client.invalidate)
         api = CheckApi(client, admin=admin)
         server = await serve_http(api.handle, config.host, config.port)

@@ -48,7 +48,7 @@ def _number(name: str, value: object) -> float:
         raise RuleError(f"{name} must be a number")
     try:
         number = float(value)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # OverflowError: an int too large for a float
         raise RuleError(f"{name} must be a number, got {value!r}") from exc
     if not math.isfinite(number) or number < 0:
         raise RuleError(f"{name} must be a finite number >= 0, got {value!r}")

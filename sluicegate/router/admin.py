@@ -73,7 +73,7 @@ class RulesAdmin:
     async def _list(self, query: str) -> HttpResponse:
         params = {name: values[-1] for name, values in parse_qs(query).items()}
         limit_text = params.get("limit", "100")
-        if not limit_text.isdigit():
+        if not (limit_text.isascii() and limit_text.isdigit()):
             raise BadRequest("limit must be a whole number")
         limit = int(limit_text)
         rules = await self._run(

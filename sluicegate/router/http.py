@@ -51,7 +51,7 @@ def parse_request(buffer: bytearray) -> tuple[HttpRequest, bool] | None:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise FramingError(411, "chunked request bodies are not supported: send Content-Length")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit():
+    if not (length_text.isascii() and length_text.isdigit()):  # "²".isdigit() is True
         raise FramingError(400, "bad Content-Length")
     length = int(length_text)
     if length > MAX_BODY_BYTES:
@@ -62,15 +62,17 @@ def parse_request(buffer: bytearray) -> tuple[HttpRequest, bool] | None:
     body = bytes(buffer[start : start + length])
     del buffer[: start + length]
     path, _, query = target.partition("?")
-    connection = headers.get("connection", "").lower()
-    keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    # Connection is a list of tokens, e.g. "TE, close".
+    connection = {token.strip() for token in headers.get("connection", "").lower().split(",")}
+    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
     return HttpRequest(method, path, query, headers, body), keep_alive
 
 
 def encode_response(response: HttpResponse, keep_alive: bool, head: bool = False) -> bytes:
     lines = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}"]
     lines += [f"{name}: {value}" for name, value in response.headers]
-    lines.append(f"Content-Length: {len(response.body)}")
+    if response.status != 204:  # a 204 must not carry Content-Length (RFC 9110 8.6)
+        lines.append(f"Content-Length: {len(response.body)}")
     if not keep_alive:
         lines.append("Connection: close")
     head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -94,6 +96,14 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+
+    def eof_received(self) -> bool:
+        # The client half-closed: answer what is still pending, then close.
+        self.closing = True
+        if not self.slots:
+            return False
+        self.slots[-1][1] = False
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self.closing:

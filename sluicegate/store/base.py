@@ -41,7 +41,7 @@ class RuleStore(ABC):
 
     def get_rules(self, keys: Iterable[str]) -> dict[str, Rule]:
         """Rules of the ``keys`` that have one (keys without a rule are absent)."""
-        wanted = list(dict.fromkeys(keys))
+        wanted = [validate_key(key) for key in dict.fromkeys(keys)]
         found: dict[str, Rule] = {}
         for start in range(0, len(wanted), DEFAULT_BATCH):
             with self._driver_errors_mapped():
@@ -94,6 +94,11 @@ class RuleStore(ABC):
         """Rules in key order, starting after ``after``, whose key starts with ``prefix``."""
         if not 1 <= limit <= MAX_LIST:
             raise RuleError(f"limit must be 1 to {MAX_LIST}")
+        for name, text in (("prefix", prefix), ("after", after or "")):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise RuleError(f"{name} is not valid Unicode text") from exc
         with self._driver_errors_mapped():
             return self._scan(prefix, after, limit)
 

@@ -1,0 +1,88 @@
+"""Shared test helpers: a controllable clock, partition processes, `sluicegate local`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+class ManualClock:
+    """A monotonic clock in nanoseconds that only moves when a test says so."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self.now_ns = start_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        self.now_ns += round(seconds * 1_000_000_000)
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICEGATE_")}
+    env.update(overrides)
+    return env
+
+
+def wait_for_line(process: subprocess.Popen[str], pattern: str, timeout: float = 15.0) -> re.Match[str]:
+    deadline = time.monotonic() + timeout
+    assert process.stdout is not None
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            if process.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match
+    raise AssertionError(f"{pattern!r} not printed within {timeout}s; got: {''.join(seen)}")
+
+
+def stop(process: subprocess.Popen[str], timeout: float = 10.0) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+@dataclass
+class PartitionProcess:
+    process: subprocess.Popen[str]
+    address: tuple[str, int]
+
+
+@pytest.fixture
+def partition_process(tmp_path: Path) -> Iterator[object]:
+    """Factory: start `python -m sluicegate.server` processes on free ports; all stopped after the test."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(**env: str) -> PartitionProcess:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sluicegate.server", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "rules.db")],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(**env),
+        )
+        started.append(process)
+        match = wait_for_line(process, r"listening on udp ([\d.]+):(\d+)")
+        return PartitionProcess(process, (match.group(1), int(match.group(2))))
+
+    yield start
+    for process in started:
+        stop(process)
