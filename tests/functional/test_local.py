@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import stop, child_env, wait_for_line
+from tests.conftest import child_env, stop, wait_for_line
 
 TOKEN = "s3cret-admin-token"
 
@@ -54,9 +54,10 @@ class Local:
 def local(tmp_path: Path) -> Iterator[Local]:
     rules = tmp_path / "rules.csv"
     rules.write_text("key,capacity,rate\nvip,1000,100\nbroken,-1,1\n")
+    command = [sys.executable, "-m", "sluicegate.cli", "local", "--port", "0", "--partitions", "3"]
+    command += ["--db", str(tmp_path / "local.db"), "--rules", str(rules)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate.cli", "local", "--port", "0", "--partitions", "3"]
-        + ["--db", str(tmp_path / "local.db"), "--rules", str(rules)],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -111,7 +111,7 @@ def test_lossy_network_every_check_answered_none_charged_twice(tmp_path: Path) -
         await client.start()
         rng = random.Random(3)
         decisions = []
-        for round_ in range(100):
+        for _ in range(100):
             batch = [(f"user-{rng.randrange(500)}", rng.randint(1, 9)) for _ in range(20)]
             decisions += await asyncio.wait_for(client.check_many(batch), timeout=5)
         totals = {"checks": 0, "charged": 0, "duplicates": 0}
