@@ -166,6 +166,37 @@ def decode_check_items(data: bytes, count: int) -> list[tuple[bytes, int]]:
     return checks
 
 
+SINGLE_CHECK = struct.Struct("!2sBBQHHI")  # header + the first item's key_len and cost
+SINGLE_REPLY = struct.Struct("!2sBBQHBIIII")
+_SINGLE_PREFIX = MAGIC + bytes([VERSION, OP_CHECK])
+_SINGLE_MIN = check_reply_size(1)
+
+
+def decode_single_check(data: bytes) -> tuple[int, bytes, int] | None:
+    """Fast path: ``(request_id, key, cost)`` of a one-check CHECK datagram, else None.
+
+    None means "not a one-check datagram": use :func:`decode_check_request`.
+    Raises :class:`MalformedDatagram` exactly where that function would.
+    """
+    if len(data) < _SINGLE_MIN or data[:4] != _SINGLE_PREFIX:
+        return None
+    _, _, _, request_id, count, key_len, cost = SINGLE_CHECK.unpack_from(data)
+    if count != 1:
+        return None
+    end = SINGLE_CHECK.size + key_len
+    if not 1 <= key_len <= MAX_KEY_BYTES or end > len(data):
+        raise MalformedDatagram("bad key length")
+    if cost == 0:
+        raise MalformedDatagram("cost must be positive")
+    _check_padding(data, end)
+    return request_id, data[SINGLE_CHECK.size : end], cost
+
+
+def encode_single_reply(request_id: int, status: int, remaining: int, retry_ms: int, capacity: int, window_ms: int) -> bytes:
+    """The reply to a one-check datagram; equal to ``encode_check_reply`` with one result."""
+    return SINGLE_REPLY.pack(MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, 1, status, remaining, retry_ms, capacity, window_ms)
+
+
 def encode_check_reply(request_id: int, results: Sequence[tuple[int, int, int, int, int]]) -> bytes:
     """A CHECK reply; each result is ``(status, remaining, retry_after_ms, capacity, window_ms)``."""
     pack = RESULT_ITEM.pack

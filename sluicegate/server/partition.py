@@ -44,7 +44,7 @@ class Partition:
         self._reply_cache_ns = reply_cache_ns
         self._recent: dict[tuple[Address, int], bytes] = {}
         self._older: dict[tuple[Address, int], bytes] = {}
-        self._rotated_at: int | None = None
+        self._rotated_at = 0
         self._parked: list[tuple[tuple[Address, int], list[tuple[bytes, int]]]] = []
         self._parked_ids: set[tuple[Address, int]] = set()
         self._wanted: set[bytes] = set()
@@ -71,6 +71,9 @@ class Partition:
         None means dropped (malformed, counted) or parked until rules arrive.
         """
         try:
+            single = codec.decode_single_check(data)
+            if single is not None:
+                return self._receive_single(single[0], single[1], single[2], addr, now_ns)
             op, request_id, count = codec.decode_header(data)
             if op == codec.OP_CHECK:
                 return self._receive_check(data, addr, request_id, count, now_ns)
@@ -86,6 +89,23 @@ class Partition:
             self.malformed += 1
             return None
 
+    def _receive_single(self, request_id: int, key: bytes, cost: int, addr: Address, now_ns: int) -> bytes | None:
+        # The hot path (one check per datagram), kept equal to _receive_check + _decide.
+        if now_ns - self._rotated_at >= self._reply_cache_ns:
+            self._rotate(now_ns)
+        ident = (addr, request_id)
+        cached = self._recent.get(ident) or self._older.get(ident)
+        if cached is not None:
+            self.duplicates += 1
+            return cached
+        bucket = self.buckets.get(key)
+        if bucket is None or ident in self._parked_ids:
+            return self._receive_check_items(ident, [(key, cost)], now_ns)
+        self.checks += 1
+        reply = codec.encode_single_reply(request_id, *self._charge(bucket, cost, now_ns))
+        self._recent[ident] = reply
+        return reply
+
     def _receive_check(self, data: bytes, addr: Address, request_id: int, count: int, now_ns: int) -> bytes | None:
         self._rotate(now_ns)
         ident = (addr, request_id)
@@ -93,10 +113,14 @@ class Partition:
         if cached is not None:
             self.duplicates += 1
             return cached
+        return self._receive_check_items(ident, codec.decode_check_items(data, count), now_ns)
+
+    def _receive_check_items(
+        self, ident: tuple[Address, int], checks: list[tuple[bytes, int]], now_ns: int
+    ) -> bytes | None:
         if ident in self._parked_ids:
             self.duplicates += 1
             return None
-        checks = codec.decode_check_items(data, count)
         buckets = self.buckets
         missing = [key for key, _ in checks if key not in buckets and _is_utf8(key)]
         if missing:
@@ -109,32 +133,33 @@ class Partition:
     def _decide(self, ident: tuple[Address, int], checks: list[tuple[bytes, int]], now_ns: int) -> bytes:
         results = []
         buckets = self.buckets
-        default_rule = self.default_rule
         for key, cost in checks:
             bucket = buckets.get(key)
             if bucket is None:  # only keys that are not UTF-8 are never loaded
                 results.append((codec.STATUS_INVALID, 0, 0, 0, 0))
-                continue
-            rule = bucket.rule
-            if bucket.take(cost, now_ns):
-                self.allowed += 1
-                self.charged += cost
-                status, retry = codec.STATUS_ALLOWED, 0
             else:
-                self.denied += 1
-                status, retry = codec.STATUS_DENIED, bucket.retry_after_ms(cost, now_ns)
-            if rule is default_rule:
-                status |= codec.FLAG_DEFAULT_RULE
-            results.append((status, bucket.remaining, retry, rule.capacity, rule.window_ms))
+                results.append(self._charge(bucket, cost, now_ns))
         self.checks += len(checks)
         reply = codec.encode_check_reply(ident[1], results)
         self._recent[ident] = reply
         return reply
 
+    def _charge(self, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int]:
+        """Decide one check: ``(status, remaining, retry_after_ms, capacity, window_ms)``."""
+        rule = bucket.rule
+        if bucket.take(cost, now_ns):
+            self.allowed += 1
+            self.charged += cost
+            status, retry = codec.STATUS_ALLOWED, 0
+        else:
+            self.denied += 1
+            status, retry = codec.STATUS_DENIED, bucket.retry_after_ms(cost, now_ns)
+        if rule is self.default_rule:
+            status |= codec.FLAG_DEFAULT_RULE
+        return status, bucket.remaining, retry, rule.capacity, rule.window_ms
+
     def _rotate(self, now_ns: int) -> None:
-        if self._rotated_at is None:
-            self._rotated_at = now_ns
-        elif now_ns - self._rotated_at >= self._reply_cache_ns:
+        if now_ns - self._rotated_at >= self._reply_cache_ns:
             self._older, self._recent = self._recent, {}
             self._rotated_at = now_ns
 
