@@ -66,7 +66,8 @@ class Bucket:
         rule = self.rule
         if rule.rate <= 0 or cost > rule.capacity:
             return NEVER_MS
-        return min(NEVER_MS, math.ceil(missing / rule.rate / 1_000_000))
+        wait_ms = missing / rule.rate / 1_000_000
+        return NEVER_MS if wait_ms >= NEVER_MS else math.ceil(wait_ms)
 
     def set_rule(self, rule: Rule, now_ns: int) -> None:
         """Switch to a new rule, keeping the credit (clamped to the new capacity)."""

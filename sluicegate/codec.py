@@ -192,9 +192,13 @@ def decode_single_check(data: bytes) -> tuple[int, bytes, int] | None:
     return request_id, data[SINGLE_CHECK.size : end], cost
 
 
-def encode_single_reply(request_id: int, status: int, remaining: int, retry_ms: int, capacity: int, window_ms: int) -> bytes:
+def encode_single_reply(
+    request_id: int, status: int, remaining: int, retry_ms: int, capacity: int, window_ms: int
+) -> bytes:
     """The reply to a one-check datagram; equal to ``encode_check_reply`` with one result."""
-    return SINGLE_REPLY.pack(MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, 1, status, remaining, retry_ms, capacity, window_ms)
+    return SINGLE_REPLY.pack(
+        MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, 1, status, remaining, retry_ms, capacity, window_ms
+    )
 
 
 def encode_check_reply(request_id: int, results: Sequence[tuple[int, int, int, int, int]]) -> bytes:

@@ -76,8 +76,9 @@ class Rule:
         object.__setattr__(self, "rate", rate)
         object.__setattr__(self, "capacity_nano", int(capacity) * CREDIT_SCALE)
         if rate > 0:
-            window = math.ceil(int(capacity) * 1000 / rate)
-            object.__setattr__(self, "window_ms", min(window, NEVER_MS))
+            # A tiny rate gives an infinite window: that is "never" on the wire.
+            window = int(capacity) * 1000 / rate
+            object.__setattr__(self, "window_ms", NEVER_MS if window >= NEVER_MS else math.ceil(window))
         else:
             object.__setattr__(self, "window_ms", NEVER_MS)
 

@@ -61,7 +61,7 @@ def parse_cost(value: object) -> int:
     """A positive whole number of credits (``"3"``, ``3`` or ``3.0``)."""
     if isinstance(value, str):
         text = value.strip()
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # "²".isdigit() is True
             raise BadRequest(f"cost must be a positive whole number, got {value!r}")
         value = int(text)
     if isinstance(value, float) and value.is_integer():

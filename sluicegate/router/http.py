@@ -47,7 +47,10 @@ def parse_request(buffer: bytearray) -> tuple[HttpRequest, bool] | None:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
             raise FramingError(400, "malformed header line")
-        headers[name.lower()] = value.strip()
+        name = name.lower()
+        if name == "content-length" and name in headers:
+            raise FramingError(400, "more than one Content-Length")  # request smuggling guard
+        headers[name] = value.strip()
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise FramingError(411, "chunked request bodies are not supported: send Content-Length")
     length_text = headers.get("content-length", "0")
@@ -144,7 +147,7 @@ class HttpProtocol(asyncio.Protocol):
         def done(finished: asyncio.Future[HttpResponse]) -> None:
             try:
                 response = finished.result()
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 response = error_response(500, f"internal error: {type(exc).__name__}")
             slot[0] = encode_response(response, keep_alive, head)
             self._write_ready()

@@ -104,6 +104,7 @@ def test_rules_file_loaded_at_start_and_batch_checks(local: Local) -> None:
         ("GET", "/v1/check/alice?cost=0", None, "cost must be from 1"),
         ("GET", "/v1/check/alice?cost=-3", None, "positive whole number"),
         ("GET", "/v1/check/alice?cost=abc", None, "positive whole number"),
+        ("GET", "/v1/check/alice?cost=%C2%B2", None, "positive whole number"),
         ("GET", "/v1/check/%ff%fe", None, "not valid UTF-8"),
         ("POST", "/v1/check", b"{not json", "not JSON"),
         ("POST", "/v1/check", {"checks": []}, "at least one check"),

@@ -95,3 +95,9 @@ def test_fractional_rate_refills_proportionally() -> None:
     assert check(bucket, 1, 0).retry_after_ms == 2000
     assert not bucket.take(1, 1_999_000_000)
     assert bucket.take(1, 2 * SECOND)
+
+
+def test_tiny_rate_retry_after_is_never_not_an_overflow() -> None:
+    bucket = Bucket(Rule("k", capacity=1, rate=1e-310), 0)
+    assert bucket.take(1, 0)
+    assert check(bucket, 1, 0).retry_after_ms == NEVER_MS

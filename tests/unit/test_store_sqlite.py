@@ -202,7 +202,11 @@ class TestStoreContract:
         store.put_rules(Rule(f"k{i:04}", 1, 1) for i in range(MAX_LIST))
         assert len(list(store.iter_rules())) == MAX_LIST
 
-    @pytest.mark.parametrize("key", ["", "x" * 257, "é" * 128 + "x", "bad\ud800key", 17])
+    @pytest.mark.parametrize(
+        "key",
+        ["", "x" * 257, "é" * 128 + "x", "bad\ud800key", 17],
+        ids=["empty", "257-bytes", "257-utf8-bytes", "lone-surrogate", "int"],
+    )
     def test_bad_keys_are_rejected(self, store: RuleStore, key: object) -> None:
         with pytest.raises(RuleError):
             store.get_rule(key)  # type: ignore[arg-type]

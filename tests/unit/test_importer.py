@@ -1,0 +1,261 @@
+"""Reading rules from CSV, JSON and YAML files: good rows kept, bad rows reported by line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sluicegate.importer import detect_format, read_rules
+from sluicegate.rules import Rule, RuleError
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def split(path: Path, fmt: str | None = None) -> tuple[list[tuple[int, Rule]], dict[int, str]]:
+    """(good rows, {line: error message}) of ``path``."""
+    good: list[tuple[int, Rule]] = []
+    bad: dict[int, str] = {}
+    for line, row in read_rules(path, fmt):
+        if isinstance(row, RuleError):
+            assert line not in bad, f"two errors reported for line {line}"
+            bad[line] = str(row)
+        else:
+            good.append((line, row))
+    return good, bad
+
+
+class TestCsv:
+    def test_good_rows_with_their_lines(self, tmp_path: Path) -> None:
+        path = write(tmp_path, "rules.csv", "key,capacity,rate\nalice,1000,100\nbob,5,0.5\n")
+        assert split(path) == ([(2, Rule("alice", 1000, 100)), (3, Rule("bob", 5, 0.5))], {})
+
+    def test_bad_rows_reported_by_line_good_rows_kept(self, tmp_path: Path) -> None:
+        text = (
+            "key,capacity,rate\n"  # 1
+            "alice,10,1\n"  # 2
+            "bob,-1,1\n"  # 3  negative capacity
+            "\n"  # 4  blank lines are skipped but still counted
+            "carol,10,fast\n"  # 5  bad rate
+            ",10,1\n"  # 6  empty key
+            "dave,10,1,extra\n"  # 7  too many fields
+            "erin,10\n"  # 8  too few fields
+            "frank,20,2\n"  # 9
+        )
+        good, bad = split(write(tmp_path, "rules.csv", text))
+        assert good == [(2, Rule("alice", 10, 1)), (9, Rule("frank", 20, 2))]
+        assert sorted(bad) == [3, 5, 6, 7, 8]
+        assert "capacity" in bad[3]
+        assert "rate" in bad[5]
+        assert "key" in bad[6]
+        assert "more fields" in bad[7]
+        assert "rate is required" in bad[8]
+
+    def test_column_order_and_extra_columns_do_not_matter(self, tmp_path: Path) -> None:
+        path = write(tmp_path, "rules.csv", "rate,note,key,capacity\n2,VIP customer,alice,50\n")
+        assert split(path) == ([(2, Rule("alice", 50, 2))], {})
+
+    def test_quoted_keys_with_commas(self, tmp_path: Path) -> None:
+        path = write(tmp_path, "rules.csv", 'key,capacity,rate\n"acme, inc",5,1\n')
+        assert split(path)[0] == [(2, Rule("acme, inc", 5, 1))]
+
+    def test_crlf_line_endings(self, tmp_path: Path) -> None:
+        path = tmp_path / "rules.csv"
+        path.write_bytes(b"key,capacity,rate\r\nalice,1,1\r\nbob,x,1\r\n")
+        good, bad = split(path)
+        assert good == [(2, Rule("alice", 1, 1))]
+        assert list(bad) == [3]
+
+    def test_byte_order_mark_from_a_spreadsheet(self, tmp_path: Path) -> None:
+        path = tmp_path / "rules.csv"
+        path.write_bytes("key,capacity,rate\nalice,1,1\n".encode("utf-8-sig"))
+        assert split(path) == ([(2, Rule("alice", 1, 1))], {})
+
+    @pytest.mark.parametrize(
+        ("header", "missing"),
+        [("key,capacity\n", "rate"), ("name,cap,rate\n", "capacity, key"), ("", "capacity, key, rate")],
+    )
+    def test_bad_header(self, tmp_path: Path, header: str, missing: str) -> None:
+        path = write(tmp_path, "rules.csv", header + "alice,1,1\n")
+        with pytest.raises(RuleError, match=f"header.*missing {missing}"):
+            list(read_rules(path))
+
+    def test_not_utf8(self, tmp_path: Path) -> None:
+        path = tmp_path / "rules.csv"
+        path.write_bytes("key,capacity,rate\nzoë,1,1\n".encode("latin-1"))
+        with pytest.raises(RuleError, match="not UTF-8"):
+            list(read_rules(path))
+
+
+class TestJson:
+    def test_list_spread_over_several_lines(self, tmp_path: Path) -> None:
+        text = """[
+  {"key": "alice", "capacity": 10, "rate": 1},
+  {
+    "key": "bob",
+    "capacity": -1,
+    "rate": 1
+  },
+
+  {"key": "carol",
+   "capacity": 5, "rate": 0.5},
+  {"key": "dave", "capacity": 5, "rate": 1, "burst": 9}, {"key": "erin", "capacity": 1, "rate": 1},
+  "frank",
+  {"key": "", "capacity": 1, "rate": 1}
+]
+"""
+        good, bad = split(write(tmp_path, "rules.json", text))
+        assert good == [(2, Rule("alice", 10, 1)), (9, Rule("carol", 5, 0.5)), (11, Rule("erin", 1, 1))]
+        assert sorted(bad) == [3, 11, 12, 13]
+        assert "capacity" in bad[3]
+        assert "burst" in bad[11]
+        assert "must be an object" in bad[12]
+        assert "key" in bad[13]
+
+    def test_two_items_on_one_line_are_both_reported_at_that_line(self, tmp_path: Path) -> None:
+        text = '[\n{"key": "a", "capacity": -1, "rate": 1}, {"key": "b", "capacity": 1, "rate": 1}\n]'
+        rows = list(read_rules(write(tmp_path, "rules.json", text)))
+        assert [line for line, _ in rows] == [2, 2]
+        assert isinstance(rows[0][1], RuleError)
+        assert rows[1][1] == Rule("b", 1, 1)
+
+    def test_rules_object_with_other_fields_first(self, tmp_path: Path) -> None:
+        text = """{
+  "version": 2,
+  "owners": ["platform", "billing"],
+  "rules": [
+    {"key": "alice", "capacity": 10, "rate": 1},
+    {"key": "bob", "capacity": 1.5, "rate": 1}
+  ]
+}
+"""
+        good, bad = split(write(tmp_path, "rules.json", text))
+        assert good == [(5, Rule("alice", 10, 1))]
+        assert list(bad) == [6]
+
+    def test_nested_values_inside_items_do_not_shift_lines(self, tmp_path: Path) -> None:
+        items = [{"key": f"k{i}", "capacity": i, "rate": 1} for i in range(5)]
+        items[2]["capacity"] = "[not, a, number]"
+        text = json.dumps(items, indent=2)
+        good, bad = split(write(tmp_path, "rules.json", text))
+        starts = [number for number, line in enumerate(text.splitlines(), 1) if line.strip() == "{"]
+        assert [line for line, _ in good] == starts[:2] + starts[3:]
+        assert list(bad) == [starts[2]]
+
+    def test_huge_numbers_are_bad_rows_not_crashes(self, tmp_path: Path) -> None:
+        huge = "9" * 400
+        text = f'[\n{{"key": "a", "capacity": {huge}, "rate": 1}},\n{{"key": "b", "capacity": 1, "rate": 1e999}}\n]'
+        good, bad = split(write(tmp_path, "rules.json", text))
+        assert good == []
+        assert sorted(bad) == [2, 3]
+
+    def test_empty_list(self, tmp_path: Path) -> None:
+        assert split(write(tmp_path, "rules.json", "[]")) == ([], {})
+        assert split(write(tmp_path, "more.json", '{"rules": []}')) == ([], {})
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ('[{"key": "a", "capacity": 1, "rate": 1},\n', "not valid JSON \\(line 2\\)"),
+            ("{'key': 'a'}", "not valid JSON"),
+            ("", "not valid JSON"),
+            ('{"key": "a", "capacity": 1, "rate": 1}', "expected a list"),
+            ('{"rules": {"key": "a"}}', "expected a list"),
+            ("42", "expected a list"),
+        ],
+    )
+    def test_whole_file_errors(self, tmp_path: Path, text: str, message: str) -> None:
+        with pytest.raises(RuleError, match=message):
+            list(read_rules(write(tmp_path, "rules.json", text)))
+
+
+class TestYaml:
+    def test_list_with_line_numbers(self, tmp_path: Path) -> None:
+        text = """# rules for the staging tenants
+- key: alice
+  capacity: 10
+  rate: 1
+
+- key: bob
+  capacity: -3
+  rate: 1
+- {key: carol, capacity: 5, rate: 0.5}
+- key: dave
+  capacity: 5
+  rate: 1
+  burst: 2
+- just a string
+"""
+        good, bad = split(write(tmp_path, "rules.yaml", text))
+        assert good == [(2, Rule("alice", 10, 1)), (9, Rule("carol", 5, 0.5))]
+        assert sorted(bad) == [6, 10, 14]
+        assert "capacity" in bad[6]
+        assert "burst" in bad[10]
+        assert "must be an object" in bad[14]
+
+    def test_mapping_with_rules(self, tmp_path: Path) -> None:
+        text = """owner: platform
+defaults:
+  note: ignored
+rules:
+  - key: alice
+    capacity: 10
+    rate: 1
+  - key: "12345"
+    capacity: 3
+    rate: 0
+  - key: 12345
+    capacity: 3
+    rate: 0
+"""
+        good, bad = split(write(tmp_path, "rules.yml", text))
+        assert good == [(5, Rule("alice", 10, 1)), (8, Rule("12345", 3, 0))]
+        assert list(bad) == [11]
+        assert "key must be a string" in bad[11]
+
+    def test_flow_style_list(self, tmp_path: Path) -> None:
+        text = "[{key: a, capacity: 1, rate: 1},\n {key: b, capacity: x, rate: 1}]\n"
+        good, bad = split(write(tmp_path, "rules.yaml", text))
+        assert good == [(1, Rule("a", 1, 1))]
+        assert list(bad) == [2]
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("- key: a\n  capacity: [1\n", "not valid YAML"),
+            ("key: a\n- b\n", "not valid YAML"),
+            ("", "expected a list"),
+            ("just text\n", "expected a list"),
+            ("rules: 5\n", "expected a list"),
+            ("other: []\n", "expected a list"),
+        ],
+    )
+    def test_whole_file_errors(self, tmp_path: Path, text: str, message: str) -> None:
+        with pytest.raises(RuleError, match=message):
+            list(read_rules(write(tmp_path, "rules.yaml", text)))
+
+
+class TestFormat:
+    @pytest.mark.parametrize(
+        ("name", "fmt"),
+        [("a.csv", "csv"), ("a.CSV", "csv"), ("a.json", "json"), ("a.yaml", "yaml"), ("a.yml", "yaml")],
+    )
+    def test_detected_from_extension(self, name: str, fmt: str) -> None:
+        assert detect_format(Path(name)) == fmt
+
+    @pytest.mark.parametrize("name", ["rules.txt", "rules", "rules.csv.bak", "rules.xlsx"])
+    def test_unknown_extension(self, tmp_path: Path, name: str) -> None:
+        path = write(tmp_path, name, "key,capacity,rate\na,1,1\n")
+        with pytest.raises(RuleError, match="cannot tell the format"):
+            list(read_rules(path))
+
+    def test_explicit_format_overrides_extension(self, tmp_path: Path) -> None:
+        path = write(tmp_path, "rules.txt", "key,capacity,rate\na,1,1\n")
+        assert split(path, "csv") == ([(2, Rule("a", 1, 1))], {})
+        with pytest.raises(RuleError, match="unknown format 'xml'"):
+            list(read_rules(path, "xml"))
