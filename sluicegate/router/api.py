@@ -6,7 +6,7 @@ health) or an awaitable of one (checks). The asyncio server of
 
 * ``GET /v1/check/{key}?cost=N``: 200 allowed / 429 denied, JSON decision.
 * ``POST /v1/check`` ``{"checks": [{"key": ..., "cost": ...}]}``: 200, ``{"results": [...]}``.
-* ``GET /healthz``.
+* ``GET /healthz``; ``GET /v1/stats``: each partition's counters and the router's.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ class CheckApi:
                 return self._check_batch(parse_checks(request.body))
             if path == "/healthz":
                 return json_response(200, {"status": "ok", "partitions": len(self.client.addresses)})
+            if path == "/v1/stats":
+                return self._stats()
             if path == RULES_PREFIX or path.startswith(RULES_PREFIX + "/"):
                 if self.admin is None:
                     return error_response(404, "the rules admin API is not served here")
@@ -152,6 +154,17 @@ class CheckApi:
             200,
             {"results": [d.to_json() for d in decisions]},
             rate_limit_headers(most_restrictive(decisions)),
+        )
+
+    async def _stats(self) -> HttpResponse:
+        client = self.client
+        counters = await asyncio.gather(*(client.stats(index) for index in range(len(client.addresses))))
+        return json_response(
+            200,
+            {
+                "partitions": [c if c is not None else {"unreachable": True} for c in counters],
+                "router": {"fallbacks": client.fallbacks, "timeouts": client.timeouts},
+            },
         )
 
 

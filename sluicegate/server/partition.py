@@ -49,6 +49,7 @@ class Partition:
         self._parked_ids: set[tuple[Address, int]] = set()
         self._wanted: set[bytes] = set()
         self._loading: set[bytes] = set()
+        self._invalidations: list[tuple[Address, int, set[bytes], int]] = []  # waiting for reloads
         self.checks = self.allowed = self.denied = self.malformed = 0
         self.duplicates = self.charged = self.rule_loads = 0
 
@@ -80,10 +81,7 @@ class Partition:
             if op == codec.OP_STATS:
                 return codec.encode_stats_reply(codec.decode_stats_request(data), self.counters())
             if op == codec.OP_INVALIDATE:
-                _, keys = codec.decode_invalidate_request(data)
-                held = [key for key in keys if key in self.buckets]
-                self._wanted.update(held)
-                return codec.encode_invalidate_reply(request_id, len(held))
+                return self._receive_invalidate(data, addr, now_ns)
             raise codec.MalformedDatagram("a reply sent to a server")
         except codec.MalformedDatagram:
             self.malformed += 1
@@ -105,6 +103,17 @@ class Partition:
         reply = codec.encode_single_reply(request_id, *self._charge(bucket, cost, now_ns))
         self._recent[ident] = reply
         return reply
+
+    def _receive_invalidate(self, data: bytes, addr: Address, now_ns: int) -> bytes | None:
+        # Answer only once the held keys' rules are reloaded, so that when the
+        # sender hears back, the new rules are in force.
+        request_id, keys = codec.decode_invalidate_request(data)
+        held = {key for key in keys if key in self.buckets}
+        if not held:
+            return codec.encode_invalidate_reply(request_id, 0)
+        self._wanted.update(held)
+        self._invalidations.append((addr, request_id, held, len(held)))
+        return None
 
     def _receive_check(self, data: bytes, addr: Address, request_id: int, count: int, now_ns: int) -> bytes | None:
         self._rotate(now_ns)
@@ -186,7 +195,19 @@ class Partition:
                 self.buckets[key] = Bucket(rule, now_ns)
             else:
                 bucket.set_rule(rule, now_ns)
-        return self._answer_parked(now_ns)
+        return self._answer_invalidations(rules) + self._answer_parked(now_ns)
+
+    def _answer_invalidations(self, rules: Mapping[bytes, Rule | None]) -> list[tuple[bytes, Address]]:
+        replies = []
+        waiting = []
+        for addr, request_id, keys, held in self._invalidations:
+            keys.difference_update(rules)
+            if keys:
+                waiting.append((addr, request_id, keys, held))
+            else:
+                replies.append((codec.encode_invalidate_reply(request_id, held), addr))
+        self._invalidations = waiting
+        return replies
 
     def _answer_parked(self, now_ns: int) -> list[tuple[bytes, Address]]:
         replies = []

@@ -121,6 +121,17 @@ def test_bad_input_gets_400_with_a_clear_message(
     assert message in payload["error"]
 
 
+def test_stats_count_decisions_per_partition(local: Local) -> None:
+    local.request("POST", "/v1/check", {"checks": [{"key": f"s{i}", "cost": 2} for i in range(30)]})
+    local.request("GET", "/v1/check/s0?cost=5")  # denied: only 3 left
+    status, _, body = local.request("GET", "/v1/stats")
+    assert status == 200 and len(body["partitions"]) == 3
+    total = {name: sum(p[name] for p in body["partitions"]) for name in ("checks", "allowed", "denied", "keys")}
+    assert total == {"checks": 31, "allowed": 30, "denied": 1, "keys": 30}
+    assert sum(p["charged"] for p in body["partitions"]) == 60
+    assert body["router"]["fallbacks"] == 0
+
+
 def test_health_and_unknown_paths(local: Local) -> None:
     assert local.request("GET", "/healthz")[2] == {"status": "ok", "partitions": 3}
     assert local.request("GET", "/nope")[0] == 404

@@ -80,10 +80,12 @@ def test_invalidate_reloads_a_held_key_keeping_credit() -> None:
     ask(p, 1, [(b"k", 1)])
     loaded(p, {b"k": None})
     ask(p, 2, [(b"k", 30)])
-    reply = p.receive_datagram(codec.encode_invalidate_request(3, [b"k", b"not-held"]), ADDR, 0)
-    assert codec.decode_invalidate_reply(reply) == (3, 1)
-    loaded(p, {b"k": Rule("k", 50, 0)})
+    assert p.receive_datagram(codec.encode_invalidate_request(3, [b"k", b"not-held"]), ADDR, 0) is None
+    [(reply, addr)] = loaded(p, {b"k": Rule("k", 50, 0)})  # answered once the new rule is in force
+    assert codec.decode_invalidate_reply(reply) == (3, 1) and addr == ADDR
     assert results(ask(p, 4, [(b"k", 1)]))[0].remaining == 49
+    reply = p.receive_datagram(codec.encode_invalidate_request(5, [b"not-held"]), ADDR, 0)
+    assert codec.decode_invalidate_reply(reply) == (5, 0)
 
 
 def test_key_that_is_not_utf8_gets_invalid_status_without_a_rule_load() -> None:
