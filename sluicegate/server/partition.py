@@ -88,13 +88,10 @@ class Partition:
             return None
 
     def _receive_single(self, request_id: int, key: bytes, cost: int, addr: Address, now_ns: int) -> bytes | None:
-        # The hot path (one check per datagram), kept equal to _receive_check + _decide.
-        if now_ns - self._rotated_at >= self._reply_cache_ns:
-            self._rotate(now_ns)
+        # The hot path (one check per datagram): _receive_check + _decide without lists.
         ident = (addr, request_id)
-        cached = self._recent.get(ident) or self._older.get(ident)
+        cached = self._replay(ident, now_ns)
         if cached is not None:
-            self.duplicates += 1
             return cached
         bucket = self.buckets.get(key)
         if bucket is None or ident in self._parked_ids:
@@ -116,11 +113,9 @@ class Partition:
         return None
 
     def _receive_check(self, data: bytes, addr: Address, request_id: int, count: int, now_ns: int) -> bytes | None:
-        self._rotate(now_ns)
         ident = (addr, request_id)
-        cached = self._recent.get(ident) or self._older.get(ident)
+        cached = self._replay(ident, now_ns)
         if cached is not None:
-            self.duplicates += 1
             return cached
         return self._receive_check_items(ident, codec.decode_check_items(data, count), now_ns)
 
@@ -166,6 +161,14 @@ class Partition:
         if rule is self.default_rule:
             status |= codec.FLAG_DEFAULT_RULE
         return status, bucket.remaining, retry, rule.capacity, rule.window_ms
+
+    def _replay(self, ident: tuple[Address, int], now_ns: int) -> bytes | None:
+        """The cached reply to a repeated request (counted as a duplicate), else None."""
+        self._rotate(now_ns)
+        cached = self._recent.get(ident) or self._older.get(ident)
+        if cached is not None:
+            self.duplicates += 1
+        return cached
 
     def _rotate(self, now_ns: int) -> None:
         if now_ns - self._rotated_at >= self._reply_cache_ns:
