@@ -37,7 +37,7 @@ class Config:
     timeout_ms: float = 50.0  # one UDP attempt; loopback/VPC round trips are well under 1 ms
     attempts: int = 3
     max_datagram: int = 8192  # bytes; larger batches are split
-    reply_cache_ms: int = 2000  # how long a partition remembers a reply for retries
+    reply_cache_ms: int = 1000  # how long a partition remembers a reply for retries
     admin_token: str = ""  # the rules admin API answers 401 without it
 
     @classmethod

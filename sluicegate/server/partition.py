@@ -28,9 +28,10 @@ from typing import Any
 from sluicegate import codec
 from sluicegate.bucket import Bucket
 from sluicegate.rules import Rule
+from sluicegate.server.replies import ReplyCache
 
 Address = Any  # whatever the transport uses: (host, port) for UDP
-DEFAULT_REPLY_CACHE_NS = 2_000_000_000
+DEFAULT_REPLY_CACHE_NS = 1_000_000_000
 
 
 class Partition:
@@ -39,12 +40,8 @@ class Partition:
     def __init__(self, *, default_rule: Rule, reply_cache_ns: int = DEFAULT_REPLY_CACHE_NS) -> None:
         self.default_rule = default_rule
         self.buckets: dict[bytes, Bucket] = {}
-        # Replies by (address, request id) in two generations rotated every
-        # reply_cache_ns: a retried request gets the same answer, charged once.
-        self._reply_cache_ns = reply_cache_ns
-        self._recent: dict[tuple[Address, int], bytes] = {}
-        self._older: dict[tuple[Address, int], bytes] = {}
-        self._rotated_at = 0
+        # A retried request gets the same answer, charged once.
+        self._replies = ReplyCache(reply_cache_ns)
         self._parked: list[tuple[tuple[Address, int], list[tuple[bytes, int]]]] = []
         self._parked_ids: set[tuple[Address, int]] = set()
         self._wanted: set[bytes] = set()
@@ -98,7 +95,7 @@ class Partition:
             return self._receive_check_items(ident, [(key, cost)], now_ns)
         self.checks += 1
         reply = codec.encode_single_reply(request_id, *self._charge(bucket, cost, now_ns))
-        self._recent[ident] = reply
+        self._replies.put(ident, reply, now_ns)
         return reply
 
     def _receive_invalidate(self, data: bytes, addr: Address, now_ns: int) -> bytes | None:
@@ -145,7 +142,7 @@ class Partition:
                 results.append(self._charge(bucket, cost, now_ns))
         self.checks += len(checks)
         reply = codec.encode_check_reply(ident[1], results)
-        self._recent[ident] = reply
+        self._replies.put(ident, reply, now_ns)
         return reply
 
     def _charge(self, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int]:
@@ -164,16 +161,10 @@ class Partition:
 
     def _replay(self, ident: tuple[Address, int], now_ns: int) -> bytes | None:
         """The cached reply to a repeated request (counted as a duplicate), else None."""
-        self._rotate(now_ns)
-        cached = self._recent.get(ident) or self._older.get(ident)
+        cached = self._replies.get(ident, now_ns)
         if cached is not None:
             self.duplicates += 1
         return cached
-
-    def _rotate(self, now_ns: int) -> None:
-        if now_ns - self._rotated_at >= self._reply_cache_ns:
-            self._older, self._recent = self._recent, {}
-            self._rotated_at = now_ns
 
     def keys_to_load(self, limit: int = 1000) -> list[bytes]:
         """Keys whose rules the adapter should load now (at most ``limit``)."""
@@ -219,7 +210,6 @@ class Partition:
         for ident, checks in self._parked:
             if all(key in buckets or not _is_utf8(key) for key, _ in checks):
                 self._parked_ids.discard(ident)
-                self._rotate(now_ns)
                 replies.append((self._decide(ident, checks, now_ns), ident[0]))
             else:
                 waiting.append((ident, checks))

@@ -69,10 +69,10 @@ def test_reply_cache_forgets_after_its_window() -> None:
     ask(p, 1, [(b"k", 1)], now=0)
     loaded(p, {b"k": None})
     ask(p, 2, [(b"k", 1)], now=0)
-    ask(p, 3, [(b"k", 1)], now=SECOND)  # rotates: request 2 is in the older generation
-    assert results(ask(p, 2, [(b"k", 1)], now=SECOND))[0].remaining == 8  # still cached
-    ask(p, 4, [(b"k", 1)], now=3 * SECOND)
-    assert results(ask(p, 2, [(b"k", 1)], now=3 * SECOND))[0].remaining == 5  # charged anew
+    ask(p, 3, [(b"k", 1)], now=SECOND // 2)
+    assert results(ask(p, 2, [(b"k", 1)], now=SECOND - 1))[0].remaining == 8  # still cached
+    assert results(ask(p, 2, [(b"k", 1)], now=SECOND))[0].remaining == 6  # forgotten: charged anew
+    assert results(ask(p, 3, [(b"k", 1)], now=SECOND))[0].remaining == 7  # younger entry kept
 
 
 def test_invalidate_reloads_a_held_key_keeping_credit() -> None:
