@@ -45,8 +45,9 @@ def tune(sock: socket.socket) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> None:
-    sock = socket.socket(fileno=args.fd) if args.fd is not None else None
-    if sock is None:
+    if args.fd is not None:
+        sock = socket.socket(fileno=args.fd)
+    else:
         sock = socket.socket(socket.AF_INET6 if ":" in args.listen[0] else socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(args.listen)
     tune(sock)

@@ -42,9 +42,11 @@ class ReplyCache:
         return reply
 
     def put(self, ident: Ident, reply: bytes, now_ns: int) -> None:
-        self._expire(now_ns)
+        expiry = self._expiry
+        if expiry and expiry[0][0] <= now_ns:
+            self._expire(now_ns)
         self._replies[ident] = reply
-        self._expiry.append((now_ns + self.ttl_ns, ident))
+        expiry.append((now_ns + self.ttl_ns, ident))
 
     def _expire(self, now_ns: int) -> None:
         # Amortised O(1): each entry is appended once and expired once.
