@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,13 +13,12 @@ from contextlib import contextmanager
 from context import BATCH, BENCH, BUILD, CONNS, HOST, KEYS, Context
 from procs import Measured, Proc, cpu_pct, free_port, rss_kb, run_bounded, running
 
+from sluicegate import codec
+
 UDPLOAD = BUILD / "udpload"
 UDPECHO = BUILD / "udpecho"
 
 # --------------------------------------------------------------------------- wire protocol (stats)
-
-HEADER = struct.Struct("!2sBBQH")
-STAT_NAMES = ("checks", "allowed", "denied", "malformed", "duplicates", "keys", "charged", "rule_loads")
 
 
 def partition_stats(port: int) -> dict[str, int]:
@@ -29,26 +27,22 @@ def partition_stats(port: int) -> dict[str, int]:
         s.settimeout(1.0)
         for _attempt in range(5):
             request_id = int.from_bytes(os.urandom(8), "big")
-            data = HEADER.pack(b"SG", 1, 2, request_id, 0)
-            s.sendto(data + bytes(HEADER.size + 8 * len(STAT_NAMES) - len(data)), (HOST, port))
+            s.sendto(codec.encode_stats_request(request_id), (HOST, port))
             try:
                 reply = s.recv(4096)
             except TimeoutError:
                 continue
-            _, _, op, rid, count = HEADER.unpack_from(reply)
-            if op == 0x82 and rid == request_id:
-                values = struct.unpack_from(f"!{count}Q", reply, HEADER.size)
-                return dict(zip(STAT_NAMES, values, strict=False))
+            rid, counters = codec.decode_stats_reply(reply)
+            if rid == request_id:
+                return counters
     raise RuntimeError(f"no STATS reply from 127.0.0.1:{port}")
 
 
 def one_check(port: int, key: bytes) -> None:
-    """A single CHECK (used to rotate the server's reply cache)."""
+    """A single CHECK (used to let the server's reply cache expire)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(2.0)
-        request_id = int.from_bytes(os.urandom(8), "big")
-        data = HEADER.pack(b"SG", 1, 1, request_id, 1) + struct.pack("!HI", len(key), 1) + key
-        s.sendto(data + bytes(max(0, HEADER.size + 17 - len(data))), (HOST, port))
+        s.sendto(codec.encode_check_request(int.from_bytes(os.urandom(8), "big"), [(key, 1)]), (HOST, port))
         try:
             s.recv(4096)
         except TimeoutError:

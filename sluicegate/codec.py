@@ -52,7 +52,7 @@ FLAG_DEFAULT_RULE = 0x80  # set in the status byte when the default rule decided
 MAX_KEY_BYTES = 256
 MAX_COST = 2**32 - 1
 MAX_ITEMS = 2048
-STAT_NAMES = ("checks", "allowed", "denied", "malformed", "duplicates", "keys", "charged", "rule_loads")
+STAT_NAMES = ("checks", "allowed", "denied", "malformed", "duplicates", "keys", "charged", "rule_loads", "datagrams")
 
 HEADER = struct.Struct("!2sBBQH")
 CHECK_ITEM = struct.Struct("!HI")

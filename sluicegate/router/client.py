@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sluicegate import codec
+from sluicegate import codec, datagram
 from sluicegate.routing import partition_for
 from sluicegate.rules import NEVER_MS
 
@@ -66,39 +66,29 @@ class Link(Protocol):
     def close(self) -> None: ...
 
 
-class UdpLink(asyncio.DatagramProtocol):
-    """The real link: one unconnected UDP socket for all partitions."""
+class UdpLink:
+    """The real link: one unconnected, non-blocking UDP socket for all partitions."""
 
-    def __init__(self, deliver: Deliver) -> None:
-        self._deliver = deliver
-        self.transport: asyncio.DatagramTransport | None = None
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.send_errors = 0
 
     @classmethod
     async def open(cls, deliver: Deliver, family: int = socket.AF_INET) -> UdpLink:
-        loop = asyncio.get_running_loop()
-        link = cls(deliver)
-        host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-        sock.bind((host if family == socket.AF_INET6 else "0.0.0.0", 0))
-        await loop.create_datagram_endpoint(lambda: link, sock=sock)
-        return link
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self._deliver(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        pass  # e.g. ICMP port unreachable from a stopped partition: the retry timer handles it
+        sock = datagram.open_socket(family, ("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        datagram.watch(sock, deliver)
+        return cls(sock)
 
     def send(self, data: bytes, addr: Address) -> None:
-        self.transport.sendto(data, addr)  # type: ignore[union-attr]
+        try:
+            self.sock.sendto(data, addr)
+        except OSError:
+            # Buffer full or an ICMP error from a stopped partition: the retry timer handles it.
+            self.send_errors += 1
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        datagram.unwatch(self.sock)
+        self.sock.close()
 
 
 LinkFactory = Callable[[Deliver], Awaitable[Link]]
@@ -106,11 +96,11 @@ _Item = tuple[bytes, str, int, "asyncio.Future[Decision]"]
 
 
 class _InFlight:
-    __slots__ = ("addr", "attempts_left", "data", "items", "timer")
+    __slots__ = ("attempts_left", "data", "index", "items", "timer")
 
-    def __init__(self, data: bytes, addr: Address, items: list[_Item], attempts_left: int) -> None:
+    def __init__(self, data: bytes, index: int, items: list[_Item], attempts_left: int) -> None:
         self.data = data
-        self.addr = addr
+        self.index = index
         self.items = items
         self.attempts_left = attempts_left
         self.timer: asyncio.TimerHandle | None = None
@@ -141,7 +131,8 @@ class PartitionClient:
         self._link_factory = link_factory
         self._link: Link | None = None
         self._next_id = random.getrandbits(64)
-        self._queued: dict[int, list[_Item]] = {}
+        # Checks submitted in one loop iteration for one partition share a datagram.
+        self._queued: list[list[_Item]] = [[] for _ in self.addresses]
         self._inflight: dict[int, _InFlight] = {}
         self._waiters: dict[int, asyncio.Future[bytes]] = {}
         self.fallbacks = 0
@@ -159,13 +150,11 @@ class PartitionClient:
 
     def submit(self, key: str, cost: int = 1) -> asyncio.Future[Decision]:
         """Queue one check (validated by the caller); resolve when its partition answers."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Decision] = loop.create_future()
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         index = self.partition(key)
-        queue = self._queued.get(index)
-        if queue is None:
-            queue = self._queued[index] = []
-            loop.call_soon(self._flush, index)
+        queue = self._queued[index]
+        if not queue:
+            asyncio.get_running_loop().call_soon(self._flush, index)
         queue.append((key.encode("utf-8"), key, cost, future))
         return future
 
@@ -176,28 +165,28 @@ class PartitionClient:
         return list(await asyncio.gather(*(self.submit(key, cost) for key, cost in checks)))
 
     def _flush(self, index: int) -> None:
-        items = self._queued.pop(index)
-        addr = self.addresses[index]
+        items = self._queued[index]
+        self._queued[index] = []
         chunk: list[_Item] = []
         request_bytes = reply_bytes = codec.HEADER_SIZE
         for item in items:
             grow_request = 6 + len(item[0])
             if chunk and max(request_bytes + grow_request, reply_bytes + codec.RESULT_ITEM.size) > self.max_datagram:
-                self._send_new(chunk, addr)
+                self._send_new(chunk, index)
                 chunk, request_bytes, reply_bytes = [], codec.HEADER_SIZE, codec.HEADER_SIZE
             chunk.append(item)
             request_bytes += grow_request
             reply_bytes += codec.RESULT_ITEM.size
-        self._send_new(chunk, addr)
+        self._send_new(chunk, index)
 
     def _new_id(self) -> int:
         self._next_id = (self._next_id + 1) & 0xFFFF_FFFF_FFFF_FFFF
         return self._next_id
 
-    def _send_new(self, items: list[_Item], addr: Address) -> None:
+    def _send_new(self, items: list[_Item], index: int) -> None:
         request_id = self._new_id()
         data = codec.encode_check_request(request_id, [(key, cost) for key, _, cost, _ in items])
-        flight = _InFlight(data, addr, items, self.attempts)
+        flight = _InFlight(data, index, items, self.attempts)
         self._inflight[request_id] = flight
         self._transmit(request_id, flight)
 
@@ -205,7 +194,7 @@ class PartitionClient:
         flight.attempts_left -= 1
         loop = asyncio.get_running_loop()
         flight.timer = loop.call_later(self.timeout_s, self._on_timeout, request_id)
-        self._link.send(flight.data, flight.addr)  # type: ignore[union-attr]
+        self._link.send(flight.data, self.addresses[flight.index])  # type: ignore[union-attr]
 
     def _on_timeout(self, request_id: int) -> None:
         flight = self._inflight.get(request_id)

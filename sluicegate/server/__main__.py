@@ -19,8 +19,6 @@ from sluicegate.server.partition import Partition
 from sluicegate.server.udp import serve_partition
 from sluicegate.store import open_store
 
-SOCKET_BUFFER = 4 * 1024 * 1024
-
 
 def install_event_loop_policy() -> None:
     """Use uvloop when it is installed (it is a runtime dependency, but optional)."""
@@ -38,22 +36,12 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def tune(sock: socket.socket) -> None:
-    # Bursts of datagrams queue in the kernel while a rule load or a GC pause runs.
-    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
-
-
 async def run(args: argparse.Namespace, config: Config) -> None:
-    if args.fd is not None:
-        sock = socket.socket(fileno=args.fd)
-    else:
-        sock = socket.socket(socket.AF_INET6 if ":" in args.listen[0] else socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(args.listen)
-    tune(sock)
+    # Under `sluicegate local` the supervisor bound the socket; otherwise bind it here.
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else None
     store = open_store(config.store, path=args.db or config.db)
     partition = Partition(default_rule=config.default_rule, reply_cache_ns=config.reply_cache_ms * 1_000_000)
-    server, address = await serve_partition(partition, store, sock=sock)
+    server, address = await serve_partition(partition, store, listen=args.listen, sock=sock)
     print(f"partition {args.partition} listening on udp {address[0]}:{address[1]}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -48,10 +48,10 @@ class Partition:
         self._loading: set[bytes] = set()
         self._invalidations: list[tuple[Address, int, set[bytes], int]] = []  # waiting for reloads
         self.checks = self.allowed = self.denied = self.malformed = 0
-        self.duplicates = self.charged = self.rule_loads = 0
+        self.duplicates = self.charged = self.rule_loads = self.datagrams = 0
 
     def counters(self) -> dict[str, int]:
-        """Counters since start: checks, allowed, denied, malformed, duplicates, keys, ..."""
+        """Counters since start: checks, allowed, denied, malformed, duplicates, keys, datagrams, ..."""
         return {
             "checks": self.checks,
             "allowed": self.allowed,
@@ -61,6 +61,7 @@ class Partition:
             "keys": len(self.buckets),
             "charged": self.charged,
             "rule_loads": self.rule_loads,
+            "datagrams": self.datagrams,
         }
 
     def receive_datagram(self, data: bytes, addr: Address, now_ns: int) -> bytes | None:
@@ -68,6 +69,7 @@ class Partition:
 
         None means dropped (malformed, counted) or parked until rules arrive.
         """
+        self.datagrams += 1
         try:
             single = codec.decode_single_check(data)
             if single is not None:

@@ -108,3 +108,4 @@ def test_stats_op_reports_counters() -> None:
     loaded(p, {b"k": None})
     _, counters = codec.decode_stats_reply(p.receive_datagram(codec.encode_stats_request(2), ADDR, 0))
     assert counters["checks"] == 2 and counters["allowed"] == 1 and counters["denied"] == 1 and counters["keys"] == 1
+    assert counters["datagrams"] == 2  # the two checks shared one datagram; the stats request is the other
