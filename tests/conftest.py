@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stores import BACKENDS
+
 
 class ManualClock:
     """A monotonic clock in nanoseconds that only moves when a test says so."""
@@ -86,3 +88,7 @@ def partition_process(tmp_path: Path) -> Iterator[object]:
     yield start
     for process in started:
         stop(process)
+
+
+# The store backends' fixtures (see tests/stores).
+pytest_plugins = [f"tests.stores.{name}" for name in BACKENDS]

@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 from sluicegate.rules import Rule
-from sluicegate.store.base import RuleStore, StoreError, StoreUnavailable
+from sluicegate.store.base import Checkpoint, RuleChange, RuleStore, StoreError, StoreUnavailable
 
 
 def open_store(kind: str = "sqlite", **settings: object) -> RuleStore:
@@ -25,4 +25,4 @@ def open_store(kind: str = "sqlite", **settings: object) -> RuleStore:
     raise StoreError(f"unknown store {kind!r}; this build supports: sqlite")
 
 
-__all__ = ["Rule", "RuleStore", "StoreError", "StoreUnavailable", "open_store"]
+__all__ = ["Checkpoint", "Rule", "RuleChange", "RuleStore", "StoreError", "StoreUnavailable", "open_store"]

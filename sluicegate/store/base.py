@@ -1,10 +1,18 @@
 """The store interface: a base class that owns the workflow, backends that do I/O.
 
-A backend implements ``_fetch``, ``_write``, ``_remove``, ``_scan`` and
-``_close`` and names its driver's exception types; the base validates input,
-batches, and turns driver errors into :class:`StoreError` /
-:class:`StoreUnavailable` (``raise ... from exc``), so no caller ever sees a
-driver exception.
+A backend implements the ``_``-prefixed abstract methods and names its
+driver's exception types; the base validates input, batches, and turns driver
+errors into :class:`StoreError` / :class:`StoreUnavailable` (``raise ... from
+exc``), so no caller ever sees a driver exception.
+
+Two kinds of data:
+
+* **Rules** by key, each with the store time it was last written. A deleted
+  rule stays as a tombstone (invisible to ``get``/``list``) so that
+  :meth:`RuleStore.changed_since` reports deletions too: bucket servers sync
+  by asking for what changed, so a sync costs what changed, not what is held.
+* **Checkpoints**: a bucket's credit at a wall-clock time, void from the time
+  the bucket would be full again (a missing checkpoint means "full").
 """
 
 from __future__ import annotations
@@ -12,11 +20,32 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from sluicegate.rules import Rule, RuleError, validate_key
 
 DEFAULT_BATCH = 500
 MAX_LIST = 1000
+NEVER_EXPIRES_NS = 2**63 - 1  # a checkpoint of a bucket that never refills
+
+
+@dataclass(frozen=True, slots=True)
+class RuleChange:
+    """A rule written (``rule``) or deleted (``rule`` is None) at ``updated_at`` (epoch seconds)."""
+
+    key: str
+    rule: Rule | None
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """``credit`` nano-credits at wall time ``at_ns`` (epoch ns); void from ``expires_ns`` on."""
+
+    key: str
+    credit: int
+    at_ns: int
+    expires_ns: int
 
 
 class StoreError(Exception):
@@ -112,6 +141,55 @@ class RuleStore(ABC):
                 return
             after = page[-1].key
 
+    def changed_since(self, since: float, *, limit: int = MAX_LIST) -> list[RuleChange]:
+        """Rules written or deleted after ``since`` (epoch seconds), oldest first, at most ``limit``."""
+        if not 1 <= limit <= MAX_LIST:
+            raise RuleError(f"limit must be 1 to {MAX_LIST}")
+        with self._driver_errors_mapped():
+            return self._changes(since, limit)
+
+    def put_checkpoints(self, checkpoints: Iterable[Checkpoint]) -> int:
+        """Create or replace checkpoints, in batches; returns how many were written."""
+        batch: list[Checkpoint] = []
+        done = 0
+        for checkpoint in checkpoints:
+            batch.append(checkpoint)
+            if len(batch) >= DEFAULT_BATCH:
+                done += self._write_checkpoint_batch(batch)
+                batch = []
+        if batch:
+            done += self._write_checkpoint_batch(batch)
+        return done
+
+    def _write_checkpoint_batch(self, batch: Sequence[Checkpoint]) -> int:
+        unique = list({checkpoint.key: checkpoint for checkpoint in batch}.values())
+        with self._driver_errors_mapped():
+            self._write_checkpoints(unique)
+        return len(unique)
+
+    def get_checkpoints(self, keys: Iterable[str], now_ns: int) -> dict[str, Checkpoint]:
+        """The checkpoints of ``keys`` still valid at ``now_ns`` (expired ones count as missing)."""
+        wanted = [validate_key(key) for key in dict.fromkeys(keys)]
+        found: dict[str, Checkpoint] = {}
+        for start in range(0, len(wanted), DEFAULT_BATCH):
+            with self._driver_errors_mapped():
+                found.update(
+                    (checkpoint.key, checkpoint)
+                    for checkpoint in self._fetch_checkpoints(wanted[start : start + DEFAULT_BATCH])
+                    if checkpoint.expires_ns > now_ns
+                )
+        return found
+
+    def sweep(self, now_ns: int) -> int:
+        """Delete expired checkpoints (stores without a TTL of their own); returns how many."""
+        with self._driver_errors_mapped():
+            return self._sweep(now_ns)
+
+    def migrate(self) -> None:
+        """Create the tables/schema if missing (idempotent)."""
+        with self._driver_errors_mapped():
+            self._migrate()
+
     def close(self) -> None:
         with self._driver_errors_mapped():
             self._close()
@@ -139,3 +217,18 @@ class RuleStore(ABC):
 
     @abstractmethod
     def _close(self) -> None: ...
+
+    @abstractmethod
+    def _changes(self, since: float, limit: int) -> list[RuleChange]: ...
+
+    @abstractmethod
+    def _write_checkpoints(self, checkpoints: Sequence[Checkpoint]) -> None: ...
+
+    @abstractmethod
+    def _fetch_checkpoints(self, keys: Sequence[str]) -> Iterable[Checkpoint]: ...
+
+    def _sweep(self, now_ns: int) -> int:
+        return 0  # stores with a TTL of their own (DynamoDB) expire checkpoints themselves
+
+    def _migrate(self) -> None:
+        return None  # stores that create their schema on open

@@ -1,28 +1,38 @@
-"""SQLite rule store: the embedded default (one file, WAL, shared by processes)."""
+"""SQLite store: the embedded default (one file, WAL, shared by processes)."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from sluicegate.rules import Rule
-from sluicegate.store.base import RuleStore
+from sluicegate.store.base import Checkpoint, RuleChange, RuleStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rules (
     key TEXT PRIMARY KEY,
     capacity INTEGER NOT NULL,
     rate REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS rules_updated_at ON rules (updated_at);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    key TEXT PRIMARY KEY,
+    credit INTEGER NOT NULL,
+    at_ns INTEGER NOT NULL,
+    expires_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_expires_ns ON checkpoints (expires_ns);
 """
+_LIVE = "deleted = 0"
 
 
 class SqliteRuleStore(RuleStore):
-    """Rules in one SQLite file; several processes may share it (WAL mode).
+    """Rules and checkpoints in one SQLite file; several processes may share it (WAL mode).
 
     Example:
         >>> store = SqliteRuleStore(":memory:")
@@ -42,38 +52,55 @@ class SqliteRuleStore(RuleStore):
             self._db = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
             if path != ":memory:":
                 self._db.execute("PRAGMA journal_mode=WAL")
+            self._migrate()
+
+    def _migrate(self) -> None:
+        with self._lock:
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(rules)")}
+            if columns and "deleted" not in columns:  # a file from before tombstones
+                self._db.execute("ALTER TABLE rules ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0")
             self._db.executescript(_SCHEMA)
 
-    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]:
-        marks = ",".join("?" * len(keys))
-        with self._lock:
-            rows = self._db.execute(f"SELECT key, capacity, rate FROM rules WHERE key IN ({marks})", keys).fetchall()
-        return [Rule(*row) for row in rows]
-
-    def _write(self, rules: Sequence[Rule]) -> None:
-        now = time.time()
-        rows = [(rule.key, rule.capacity, rule.rate, now) for rule in rules]
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(
-                    "INSERT INTO rules (key, capacity, rate, updated_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (key) DO UPDATE SET capacity = excluded.capacity, "
-                    "rate = excluded.rate, updated_at = excluded.updated_at",
-                    rows,
-                )
+                yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
 
-    def _remove(self, key: str) -> bool:
+    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]:
+        marks = ",".join("?" * len(keys))
+        query = f"SELECT key, capacity, rate FROM rules WHERE key IN ({marks}) AND {_LIVE}"
         with self._lock:
-            return self._db.execute("DELETE FROM rules WHERE key = ?", (key,)).rowcount > 0
+            rows = self._db.execute(query, keys).fetchall()
+        return [Rule(*row) for row in rows]
+
+    def _write(self, rules: Sequence[Rule]) -> None:
+        now = time.time()
+        rows = [(rule.key, rule.capacity, rule.rate, now) for rule in rules]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO rules (key, capacity, rate, updated_at, deleted) VALUES (?, ?, ?, ?, 0) "
+                "ON CONFLICT (key) DO UPDATE SET capacity = excluded.capacity, "
+                "rate = excluded.rate, updated_at = excluded.updated_at, deleted = 0",
+                rows,
+            )
+
+    def _remove(self, key: str) -> bool:
+        # A tombstone, so that changed_since reports the deletion.
+        with self._lock:
+            cursor = self._db.execute(
+                f"UPDATE rules SET deleted = 1, updated_at = ? WHERE key = ? AND {_LIVE}", (time.time(), key)
+            )
+            return cursor.rowcount > 0
 
     def _scan(self, prefix: str, after: str | None, limit: int) -> list[Rule]:
         # Range on the primary key instead of LIKE, so '%' and '_' in keys mean themselves.
-        query = "SELECT key, capacity, rate FROM rules WHERE key >= ? AND key > ?"
+        query = f"SELECT key, capacity, rate FROM rules WHERE key >= ? AND key > ? AND {_LIVE}"
         params: list[object] = [prefix, after or ""]
         if prefix:
             query += " AND substr(key, 1, ?) = ?"
@@ -83,6 +110,39 @@ class SqliteRuleStore(RuleStore):
         with self._lock:
             rows = self._db.execute(query, params).fetchall()
         return [Rule(*row) for row in rows]
+
+    def _changes(self, since: float, limit: int) -> list[RuleChange]:
+        query = (
+            "SELECT key, capacity, rate, updated_at, deleted FROM rules "
+            "WHERE updated_at > ? ORDER BY updated_at LIMIT ?"
+        )
+        with self._lock:
+            rows = self._db.execute(query, (since, limit)).fetchall()
+        return [
+            RuleChange(key, None if deleted else Rule(key, capacity, rate), updated_at)
+            for key, capacity, rate, updated_at, deleted in rows
+        ]
+
+    def _write_checkpoints(self, checkpoints: Sequence[Checkpoint]) -> None:
+        rows = [(c.key, c.credit, c.at_ns, c.expires_ns) for c in checkpoints]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO checkpoints (key, credit, at_ns, expires_ns) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET credit = excluded.credit, at_ns = excluded.at_ns, "
+                "expires_ns = excluded.expires_ns",
+                rows,
+            )
+
+    def _fetch_checkpoints(self, keys: Sequence[str]) -> Iterable[Checkpoint]:
+        marks = ",".join("?" * len(keys))
+        query = f"SELECT key, credit, at_ns, expires_ns FROM checkpoints WHERE key IN ({marks})"
+        with self._lock:
+            rows = self._db.execute(query, keys).fetchall()
+        return [Checkpoint(*row) for row in rows]
+
+    def _sweep(self, now_ns: int) -> int:
+        with self._lock:
+            return self._db.execute("DELETE FROM checkpoints WHERE expires_ns <= ?", (now_ns,)).rowcount
 
     def _close(self) -> None:
         with self._lock:

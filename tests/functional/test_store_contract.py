@@ -1,9 +1,10 @@
-"""The rule store contract, run against every backend, plus SQLite specifics.
+"""The store contract, run against every backend, plus SQLite specifics.
 
-To add a backend (DynamoDB, PostgreSQL), add an opener to ``BACKENDS``: every
-test in ``TestStoreContract`` then runs against it too. An opener returns a
-new handle on the *same* underlying store each time it is called within one
-test, so "two handles see each other's writes" is part of the contract.
+Backends come from ``tests/stores`` (one plugin each, listed in
+``tests.stores.BACKENDS``): every contract test runs against each. An opener
+returns a new handle on the *same* underlying store each time it is called
+within one test, so "two handles see each other's writes" is part of the
+contract.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,23 +23,17 @@ import pytest
 
 from sluicegate.rules import MAX_CAPACITY, Rule, RuleError
 from sluicegate.store import RuleStore, StoreError, StoreUnavailable, open_store
-from sluicegate.store.base import DEFAULT_BATCH, MAX_LIST
+from sluicegate.store.base import DEFAULT_BATCH, MAX_LIST, NEVER_EXPIRES_NS, Checkpoint
 from sluicegate.store.sqlite import SqliteRuleStore
+from tests.stores import BACKENDS
 
 Opener = Callable[[], RuleStore]
 
 
-def _sqlite(tmp_path: Path) -> Opener:
-    return lambda: SqliteRuleStore(str(tmp_path / "rules.db"))
-
-
-BACKENDS: dict[str, Callable[[Path], Opener]] = {"sqlite": _sqlite}
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def open_handle(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+@pytest.fixture(params=BACKENDS)
+def open_handle(request: pytest.FixtureRequest) -> Iterator[Opener]:
     """Opens handles on one fresh store of the backend; closes them after the test."""
-    opener = BACKENDS[request.param](tmp_path)
+    opener = request.getfixturevalue(f"{request.param}_opener")
     handles: list[RuleStore] = []
 
     def open_() -> RuleStore:
@@ -245,7 +241,82 @@ class TestStoreContract:
         assert open_handle().get_rule("alice") == Rule("alice", 10, 1)
 
 
+class TestChangesContract:
+    """Rule sync reads what changed since a time: writes and deletions, oldest first."""
+
+    def test_writes_and_deletions_are_reported_in_order(self, store: RuleStore) -> None:
+        start = time.time() - 1
+        store.put_rule(Rule("a", 10, 1))
+        store.put_rule(Rule("b", 20, 2))
+        store.delete_rule("a")
+        changes = store.changed_since(start)
+        assert [(c.key, c.rule) for c in changes] == [("b", Rule("b", 20, 2)), ("a", None)]
+        assert changes[0].updated_at <= changes[1].updated_at
+
+    def test_only_changes_after_since_and_within_limit(self, store: RuleStore) -> None:
+        store.put_rules(Rule(f"k{i:03}", i, 1) for i in range(30))
+        changes = store.changed_since(time.time() - 60, limit=10)
+        assert len(changes) == 10
+        assert store.changed_since(max(c.updated_at for c in store.changed_since(0, limit=1000)) + 0.001) == []
+
+    def test_deleted_rule_is_gone_for_readers_and_can_come_back(self, store: RuleStore) -> None:
+        store.put_rule(Rule("a", 10, 1))
+        assert store.delete_rule("a")
+        assert store.get_rule("a") is None and store.list_rules() == [] and not store.delete_rule("a")
+        store.put_rule(Rule("a", 5, 1))
+        assert store.get_rule("a") == Rule("a", 5, 1) and keys_of(store.list_rules()) == ["a"]
+        assert store.changed_since(0)[-1].rule == Rule("a", 5, 1)
+
+
+class TestCheckpointContract:
+    def test_round_trip_and_newest_wins(self, store: RuleStore) -> None:
+        now = time.time_ns()
+        store.put_checkpoints([Checkpoint("a", 5 * 10**9, now, now + 10**9), Checkpoint("b", 0, now, NEVER_EXPIRES_NS)])
+        store.put_checkpoints([Checkpoint("a", 7, now + 1, now + 2 * 10**9)])
+        got = store.get_checkpoints(["a", "b", "missing"], now)
+        assert got == {
+            "a": Checkpoint("a", 7, now + 1, now + 2 * 10**9),
+            "b": Checkpoint("b", 0, now, NEVER_EXPIRES_NS),
+        }
+
+    def test_expired_checkpoint_counts_as_missing_and_sweep_leaves_valid_ones(self, store: RuleStore) -> None:
+        now = time.time_ns()
+        store.put_checkpoints([Checkpoint("old", 1, now - 10, now - 1), Checkpoint("new", 2, now, now + 10**12)])
+        assert set(store.get_checkpoints(["old", "new"], now)) == {"new"}
+        store.sweep(now)
+        assert set(store.get_checkpoints(["old", "new"], now)) == {"new"}
+
+    def test_largest_credit_and_many_checkpoints(self, store: RuleStore) -> None:
+        now = time.time_ns()
+        biggest = MAX_CAPACITY * 10**9
+        store.put_checkpoints(Checkpoint(f"k{i}", biggest - i, now, now + 10**12) for i in range(DEFAULT_BATCH + 7))
+        got = store.get_checkpoints([f"k{i}" for i in range(DEFAULT_BATCH + 7)], now)
+        assert len(got) == DEFAULT_BATCH + 7 and got["k0"].credit == biggest
+
+    def test_migrate_is_idempotent(self, store: RuleStore) -> None:
+        store.put_rule(Rule("a", 1, 1))
+        store.migrate()
+        store.migrate()
+        assert store.get_rule("a") == Rule("a", 1, 1)
+
+
 class TestSqlite:
+    def test_sweep_deletes_expired_checkpoints(self, tmp_path: Path) -> None:
+        store = SqliteRuleStore(str(tmp_path / "rules.db"))
+        store.put_checkpoints([Checkpoint("old", 1, 0, 5), Checkpoint("new", 2, 0, 50)])
+        assert store.sweep(10) == 1
+        assert store._fetch_checkpoints(["old", "new"]) == [Checkpoint("new", 2, 0, 50)]
+
+    def test_file_from_before_tombstones_is_migrated(self, tmp_path: Path) -> None:
+        path = tmp_path / "old.db"
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute("CREATE TABLE rules (key TEXT PRIMARY KEY, capacity INTEGER, rate REAL, updated_at REAL)")
+            db.execute("INSERT INTO rules VALUES ('k', 3, 1.0, 1.0)")
+            db.commit()
+        store = SqliteRuleStore(str(path))
+        assert store.get_rule("k") == Rule("k", 3, 1)
+        assert store.delete_rule("k") and store.get_rule("k") is None
+
     def test_path_in_missing_directory_is_unavailable(self, tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailable) as info:
             SqliteRuleStore(str(tmp_path / "no" / "such" / "dir" / "rules.db"))
