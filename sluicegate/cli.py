@@ -24,7 +24,7 @@ from pathlib import Path
 from sluicegate.config import Config, ConfigError
 from sluicegate.importer import FORMATS, read_rules
 from sluicegate.rules import Rule, RuleError
-from sluicegate.store import RuleStore, StoreError, open_store
+from sluicegate.store import RuleStore, StoreError, store_from_config
 
 EXIT_ALLOWED, EXIT_DENIED, EXIT_ERROR = 0, 1, 2
 
@@ -96,7 +96,7 @@ def _local(args: argparse.Namespace, config: Config) -> int:
 
 
 def _rules(args: argparse.Namespace, config: Config) -> int:
-    store = open_store(config.store, path=args.db)
+    store = store_from_config(config, db=args.db)
     try:
         if args.action == "put":
             rule = Rule(args.key, args.capacity, args.rate)

@@ -29,8 +29,14 @@ class Config:
     host: str = "127.0.0.1"  # where `sluicegate local` serves HTTP
     port: int = 8080
     partitions: int = 4
-    store: str = "sqlite"
-    db: str = "sluicegate.db"
+    store: str = "sqlite"  # sqlite | dynamodb | postgres
+    db: str = "sluicegate.db"  # sqlite: the file
+    postgres_dsn: str = ""  # postgres: e.g. "host=127.0.0.1 port=5432 dbname=sluicegate user=sluicegate"
+    dynamodb_rules_table: str = "sluicegate-rules"
+    dynamodb_checkpoints_table: str = "sluicegate-checkpoints"
+    dynamodb_endpoint: str = ""  # dynamodb: empty for AWS itself; a URL for a local DynamoDB/moto server
+    sync_interval_ms: int = 1000  # how often a bucket server reads the rules that changed
+    checkpoint_interval_ms: int = 1000  # how often a bucket server writes the credit of spent buckets
     default_capacity: int = 100  # the rule unknown keys get; 0 and 0 deny all
     default_rate: float = 10.0
     fallback: str = "allow"  # answer when no partition replies: allow | deny
@@ -60,6 +66,12 @@ class Config:
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError("SLUICEGATE_PORT must be 0 to 65535")
+        if self.store not in ("sqlite", "dynamodb", "postgres"):
+            raise ConfigError("SLUICEGATE_STORE must be sqlite, dynamodb or postgres")
+        if self.store == "postgres" and not self.postgres_dsn:
+            raise ConfigError("SLUICEGATE_STORE=postgres needs SLUICEGATE_POSTGRES_DSN")
+        if self.sync_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
+            raise ConfigError("SLUICEGATE_SYNC_INTERVAL_MS and SLUICEGATE_CHECKPOINT_INTERVAL_MS must be > 0")
         if self.partitions < 1:
             raise ConfigError("SLUICEGATE_PARTITIONS must be at least 1")
         if self.fallback not in ("allow", "deny"):

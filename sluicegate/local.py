@@ -25,7 +25,7 @@ from sluicegate.router.api import CheckApi
 from sluicegate.router.client import PartitionClient
 from sluicegate.router.http import serve_http
 from sluicegate.rules import Rule, RuleError
-from sluicegate.store import RuleStore, open_store
+from sluicegate.store import RuleStore, store_from_config
 
 log = logging.getLogger("sluicegate.local")
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
@@ -136,7 +136,7 @@ async def wait_until_ready(client: PartitionClient, timeout_s: float = 30.0) -> 
 
 
 async def run_local(config: Config, *, rules_file: Path | None = None) -> None:
-    store = open_store(config.store, path=config.db)
+    store = store_from_config(config)
     if rules_file is not None:
         stored, bad = import_rules_file(store, rules_file)
         for line, error in bad:

@@ -17,7 +17,7 @@ import sys
 from sluicegate.config import Config
 from sluicegate.server.partition import Partition
 from sluicegate.server.udp import serve_partition
-from sluicegate.store import open_store
+from sluicegate.store import store_from_config
 
 
 def install_event_loop_policy() -> None:
@@ -39,7 +39,7 @@ def parse_address(text: str) -> tuple[str, int]:
 async def run(args: argparse.Namespace, config: Config) -> None:
     # Under `sluicegate local` the supervisor bound the socket; otherwise bind it here.
     sock = socket.socket(fileno=args.fd) if args.fd is not None else None
-    store = open_store(config.store, path=args.db or config.db)
+    store = store_from_config(config, db=args.db)
     partition = Partition(default_rule=config.default_rule, reply_cache_ns=config.reply_cache_ms * 1_000_000)
     server, address = await serve_partition(partition, store, listen=args.listen, sock=sock)
     print(f"partition {args.partition} listening on udp {address[0]}:{address[1]}", flush=True)

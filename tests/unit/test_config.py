@@ -36,6 +36,12 @@ def test_every_variable_is_read_and_typed() -> None:
         "SLUICEGATE_MAX_DATAGRAM": "1400",
         "SLUICEGATE_REPLY_CACHE_MS": "500",
         "SLUICEGATE_ADMIN_TOKEN": "s3cret",
+        "SLUICEGATE_POSTGRES_DSN": "host=127.0.0.1 dbname=q",
+        "SLUICEGATE_DYNAMODB_RULES_TABLE": "r",
+        "SLUICEGATE_DYNAMODB_CHECKPOINTS_TABLE": "c",
+        "SLUICEGATE_DYNAMODB_ENDPOINT": "http://127.0.0.1:5000",
+        "SLUICEGATE_SYNC_INTERVAL_MS": "250",
+        "SLUICEGATE_CHECKPOINT_INTERVAL_MS": "750",
     }
     config = Config.from_env(env)
     assert config == Config(
@@ -52,6 +58,12 @@ def test_every_variable_is_read_and_typed() -> None:
         max_datagram=1400,
         reply_cache_ms=500,
         admin_token="s3cret",
+        postgres_dsn="host=127.0.0.1 dbname=q",
+        dynamodb_rules_table="r",
+        dynamodb_checkpoints_table="c",
+        dynamodb_endpoint="http://127.0.0.1:5000",
+        sync_interval_ms=250,
+        checkpoint_interval_ms=750,
     )
     assert config.fail_open is False
     assert config.default_rule == default_rule(500, 2.5)
@@ -98,6 +110,8 @@ def test_deny_all_default_rule_is_accepted() -> None:
         ("DEFAULT_RATE", "nan"),
         ("DEFAULT_RATE", "inf"),
         ("FALLBACK", "maybe"),
+        ("STORE", "redis"),
+        ("SYNC_INTERVAL_MS", "0"),
         ("FALLBACK", "ALLOW "),
         ("TIMEOUT_MS", "0"),
         ("TIMEOUT_MS", "-5"),
