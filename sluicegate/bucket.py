@@ -39,9 +39,20 @@ class Bucket:
         elapsed = now_ns - self.stamp
         if elapsed > 0:
             rule = self.rule
-            credit = self.credit + int(elapsed * rule.rate)
-            self.credit = credit if credit < rule.capacity_nano else rule.capacity_nano
-            self.stamp = now_ns
+            gain = int(elapsed * rule.rate)
+            if gain == 0:
+                return  # keep the time: at very low rates many accesses add up to a credit
+            credit = self.credit + gain
+            if credit >= rule.capacity_nano:
+                self.credit = rule.capacity_nano
+                self.stamp = now_ns
+            elif rule.whole_rate:
+                self.credit = credit
+                self.stamp = now_ns
+            else:
+                # Advance only by the time that was credited, so truncated fractions are not lost.
+                self.credit = credit
+                self.stamp += min(elapsed, math.ceil(gain / rule.rate))
 
     def take(self, cost: int, now_ns: int) -> bool:
         """Admit and charge ``cost`` if the credit covers it; else charge nothing."""

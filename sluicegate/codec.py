@@ -35,6 +35,8 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from sluicegate.rules import MAX_KEY_BYTES
+
 MAGIC = b"SG"
 VERSION = 1
 OP_CHECK = 1
@@ -49,10 +51,22 @@ STATUS_INVALID = 2  # the key is not valid UTF-8
 STATUS_MASK = 0x0F
 FLAG_DEFAULT_RULE = 0x80  # set in the status byte when the default rule decided
 
-MAX_KEY_BYTES = 256
 MAX_COST = 2**32 - 1
 MAX_ITEMS = 2048
-STAT_NAMES = ("checks", "allowed", "denied", "malformed", "duplicates", "keys", "charged", "rule_loads", "datagrams")
+STAT_NAMES = (
+    "checks",
+    "allowed",
+    "denied",
+    "malformed",
+    "duplicates",
+    "keys",
+    "charged",
+    "rule_loads",
+    "datagrams",
+    "expired",
+    "store_errors",
+    "send_errors",
+)
 
 HEADER = struct.Struct("!2sBBQH")
 CHECK_ITEM = struct.Struct("!HI")
@@ -94,6 +108,19 @@ def _pad(data: bytes, size: int) -> bytes:
     return data + bytes(size - len(data)) if len(data) < size else data
 
 
+def _check_key_size(key: bytes) -> None:
+    if not 1 <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"key must be 1 to {MAX_KEY_BYTES} bytes")
+
+
+def _key_end(data: bytes, offset: int, key_len: int) -> int:
+    """Where a key of ``key_len`` bytes at ``offset`` ends; malformed if it cannot be there."""
+    end = offset + key_len
+    if not 1 <= key_len <= MAX_KEY_BYTES or end > len(data):
+        raise MalformedDatagram("bad key length")
+    return end
+
+
 def _check_padding(data: bytes, end: int) -> None:
     # count() scans in place: no slice is allocated on the hot path.
     if end < len(data) and data.count(0, end) != len(data) - end:
@@ -127,8 +154,7 @@ def encode_check_request(request_id: int, checks: Sequence[tuple[bytes, int]]) -
         raise ValueError(f"a check datagram carries 1 to {MAX_ITEMS} checks")
     parts = [HEADER.pack(MAGIC, VERSION, OP_CHECK, request_id, len(checks))]
     for key, cost in checks:
-        if not 1 <= len(key) <= MAX_KEY_BYTES:
-            raise ValueError(f"key must be 1 to {MAX_KEY_BYTES} bytes")
+        _check_key_size(key)
         if not 1 <= cost <= MAX_COST:
             raise ValueError(f"cost must be 1 to {MAX_COST}")
         parts.append(CHECK_ITEM.pack(len(key), cost))
@@ -156,9 +182,7 @@ def decode_check_items(data: bytes, count: int) -> list[tuple[bytes, int]]:
             raise MalformedDatagram("truncated item")
         key_len, cost = CHECK_ITEM.unpack_from(data, offset)
         offset += 6
-        end = offset + key_len
-        if not 1 <= key_len <= MAX_KEY_BYTES or end > size:
-            raise MalformedDatagram("bad key length")
+        end = _key_end(data, offset, key_len)
         if cost == 0:
             raise MalformedDatagram("cost must be positive")
         checks.append((data[offset:end], cost))
@@ -184,9 +208,7 @@ def decode_single_check(data: bytes) -> tuple[int, bytes, int] | None:
     _, _, _, request_id, count, key_len, cost = SINGLE_CHECK.unpack_from(data)
     if count != 1:
         return None
-    end = SINGLE_CHECK.size + key_len
-    if not 1 <= key_len <= MAX_KEY_BYTES or end > len(data):
-        raise MalformedDatagram("bad key length")
+    end = _key_end(data, SINGLE_CHECK.size, key_len)
     if cost == 0:
         raise MalformedDatagram("cost must be positive")
     _check_padding(data, end)
@@ -252,8 +274,7 @@ def encode_invalidate_request(request_id: int, keys: Sequence[bytes]) -> bytes:
         raise ValueError(f"an invalidate datagram carries 1 to {MAX_ITEMS} keys")
     parts = [HEADER.pack(MAGIC, VERSION, OP_INVALIDATE, request_id, len(keys))]
     for key in keys:
-        if not 1 <= len(key) <= MAX_KEY_BYTES:
-            raise ValueError(f"key must be 1 to {MAX_KEY_BYTES} bytes")
+        _check_key_size(key)
         parts.append(KEY_LEN.pack(len(key)))
         parts.append(key)
     return b"".join(parts)
@@ -270,9 +291,7 @@ def decode_invalidate_request(data: bytes) -> tuple[int, list[bytes]]:
             raise MalformedDatagram("truncated item")
         (key_len,) = KEY_LEN.unpack_from(data, offset)
         offset += 2
-        end = offset + key_len
-        if not 1 <= key_len <= MAX_KEY_BYTES or end > len(data):
-            raise MalformedDatagram("bad key length")
+        end = _key_end(data, offset, key_len)
         keys.append(data[offset:end])
         offset = end
     _check_padding(data, offset)

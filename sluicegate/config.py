@@ -54,7 +54,7 @@ class Config:
             raw = environ.get(PREFIX + spec.name.upper())
             if raw is None or raw == "":
                 continue
-            kind = type(getattr(cls(), spec.name))
+            kind = type(spec.default)
             try:
                 values[spec.name] = kind(raw)
             except ValueError as exc:
@@ -70,6 +70,11 @@ class Config:
             raise ConfigError("SLUICEGATE_STORE must be sqlite, dynamodb or postgres")
         if self.store == "postgres" and not self.postgres_dsn:
             raise ConfigError("SLUICEGATE_STORE=postgres needs SLUICEGATE_POSTGRES_DSN")
+        if self.reply_cache_ms <= self.timeout_ms * self.attempts:
+            # A retry arriving after its reply was forgotten would be charged again.
+            raise ConfigError(
+                "SLUICEGATE_REPLY_CACHE_MS must exceed SLUICEGATE_TIMEOUT_MS x SLUICEGATE_ATTEMPTS (the retry budget)"
+            )
         if self.sync_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
             raise ConfigError("SLUICEGATE_SYNC_INTERVAL_MS and SLUICEGATE_CHECKPOINT_INTERVAL_MS must be > 0")
         if self.partitions < 1:

@@ -18,6 +18,7 @@ from typing import Any
 
 MAX_KEY_BYTES = 256
 MAX_CAPACITY = 2**32 - 1  # the wire codec carries capacity as u32
+MAX_RATE = 1e15  # credits/s; far above any use, and keeps refill arithmetic finite
 #: Credit is kept in nano-units so integer costs and integer rates stay exact.
 CREDIT_SCALE = 1_000_000_000
 NEVER_MS = 2**32 - 1  # "never" on the wire (u32 max)
@@ -64,6 +65,7 @@ class Rule:
     rate: float
     capacity_nano: int = field(init=False, repr=False, compare=False)
     window_ms: int = field(init=False, repr=False, compare=False)
+    whole_rate: bool = field(init=False, repr=False, compare=False)  # refills are exact integers
 
     def __post_init__(self) -> None:
         if self.key != DEFAULT_RULE_KEY:
@@ -72,9 +74,12 @@ class Rule:
         if capacity != int(capacity) or capacity > MAX_CAPACITY:
             raise RuleError(f"capacity must be a whole number from 0 to {MAX_CAPACITY}")
         rate = _number("rate", self.rate)
+        if rate > MAX_RATE:
+            raise RuleError(f"rate must be at most {MAX_RATE:g} per second")
         object.__setattr__(self, "capacity", int(capacity))
         object.__setattr__(self, "rate", rate)
         object.__setattr__(self, "capacity_nano", int(capacity) * CREDIT_SCALE)
+        object.__setattr__(self, "whole_rate", rate.is_integer())
         if rate > 0:
             # A tiny rate gives an infinite window: that is "never" on the wire.
             window = int(capacity) * 1000 / rate

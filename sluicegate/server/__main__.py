@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -41,15 +42,34 @@ async def run(args: argparse.Namespace, config: Config) -> None:
     sock = socket.socket(fileno=args.fd) if args.fd is not None else None
     store = store_from_config(config, db=args.db)
     partition = Partition(default_rule=config.default_rule, reply_cache_ns=config.reply_cache_ms * 1_000_000)
-    server, address = await serve_partition(partition, store, listen=args.listen, sock=sock)
+    server, address = await serve_partition(
+        partition,
+        store,
+        listen=args.listen,
+        sock=sock,
+        sync_interval_s=config.sync_interval_ms / 1000,
+        checkpoint_interval_s=config.checkpoint_interval_ms / 1000,
+    )
     print(f"partition {args.partition} listening on udp {address[0]}:{address[1]}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if args.fd is not None:
+        # Under a supervisor: leave when it is gone (even if it was SIGKILLed), not linger as an orphan.
+        parent = os.getppid()
+        watcher = asyncio.ensure_future(_stop_when_orphaned(parent, stop))
     await stop.wait()
-    server.close()
+    if args.fd is not None:
+        watcher.cancel()
+    await server.stop()  # the final checkpoint
     store.close()
+
+
+async def _stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,13 @@
 
 The core never blocks and never does I/O. A check for a key it has not seen
 parks its datagram and asks (through :meth:`Partition.keys_to_load`) for the
-key's rule; the adapter loads rules from the store and hands them back with
-:meth:`Partition.rules_loaded`, which answers the parked datagrams. Keys
-already held are decided at once, so a slow rule load blocks nobody else.
+key's rule and checkpoint; the adapter loads them from the store and hands
+them back with :meth:`Partition.rules_loaded`, which answers the parked
+datagrams. Keys already held are decided at once, so a slow load blocks
+nobody else. The adapter also feeds rule changes in
+(:meth:`Partition.apply_rule_changes`) and takes checkpoints out
+(:meth:`Partition.take_checkpoints`). All times are the caller's monotonic
+nanoseconds.
 
 Example:
     >>> from sluicegate import codec
@@ -18,11 +22,14 @@ Example:
     >>> [(reply, addr)] = p.rules_loaded({b"alice": None}, now_ns=0)
     >>> codec.decode_check_reply(reply)[1][0].remaining
     7
+    >>> p.take_checkpoints(now_ns=0)  # (key, credit, its time, when it will be full)
+    [(b'alice', 7000000000, 0, 3000000000)]
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sluicegate import codec
@@ -31,7 +38,9 @@ from sluicegate.rules import Rule
 from sluicegate.server.replies import ReplyCache
 
 Address = Any  # whatever the transport uses: (host, port) for UDP
+Ident = tuple[Address, int]  # (sender, request id)
 DEFAULT_REPLY_CACHE_NS = 1_000_000_000
+NEVER_FULL = -1  # full_at of a bucket that never refills
 
 
 class Partition:
@@ -42,13 +51,18 @@ class Partition:
         self.buckets: dict[bytes, Bucket] = {}
         # A retried request gets the same answer, charged once.
         self._replies = ReplyCache(reply_cache_ns)
-        self._parked: list[tuple[tuple[Address, int], list[tuple[bytes, int]]]] = []
-        self._parked_ids: set[tuple[Address, int]] = set()
+        self._reply_cache_ns = reply_cache_ns
+        # Requests waiting for rules, oldest first: ident -> (parked at, checks).
+        self._parked: dict[Ident, tuple[int, list[tuple[bytes, int]]]] = {}
         self._wanted: set[bytes] = set()
         self._loading: set[bytes] = set()
         self._invalidations: list[tuple[Address, int, set[bytes], int]] = []  # waiting for reloads
+        self._dirty: set[bytes] = set()  # spent since the last checkpoint
         self.checks = self.allowed = self.denied = self.malformed = 0
         self.duplicates = self.charged = self.rule_loads = self.datagrams = 0
+        self.expired = 0  # parked requests dropped: their sender had given up
+        # Counted by the adapter, reported with the rest.
+        self.store_errors = self.send_errors = 0
 
     def counters(self) -> dict[str, int]:
         """Counters since start: checks, allowed, denied, malformed, duplicates, keys, datagrams, ..."""
@@ -62,6 +76,9 @@ class Partition:
             "charged": self.charged,
             "rule_loads": self.rule_loads,
             "datagrams": self.datagrams,
+            "expired": self.expired,
+            "store_errors": self.store_errors,
+            "send_errors": self.send_errors,
         }
 
     def receive_datagram(self, data: bytes, addr: Address, now_ns: int) -> bytes | None:
@@ -80,7 +97,7 @@ class Partition:
             if op == codec.OP_STATS:
                 return codec.encode_stats_reply(codec.decode_stats_request(data), self.counters())
             if op == codec.OP_INVALIDATE:
-                return self._receive_invalidate(data, addr, now_ns)
+                return self._receive_invalidate(data, addr)
             raise codec.MalformedDatagram("a reply sent to a server")
         except codec.MalformedDatagram:
             self.malformed += 1
@@ -93,18 +110,19 @@ class Partition:
         if cached is not None:
             return cached
         bucket = self.buckets.get(key)
-        if bucket is None or ident in self._parked_ids:
+        if bucket is None or ident in self._parked:
             return self._receive_check_items(ident, [(key, cost)], now_ns)
         self.checks += 1
-        reply = codec.encode_single_reply(request_id, *self._charge(bucket, cost, now_ns))
+        reply = codec.encode_single_reply(request_id, *self._charge(key, bucket, cost, now_ns))
         self._replies.put(ident, reply, now_ns)
         return reply
 
-    def _receive_invalidate(self, data: bytes, addr: Address, now_ns: int) -> bytes | None:
-        # Answer only once the held keys' rules are reloaded, so that when the
-        # sender hears back, the new rules are in force.
+    def _receive_invalidate(self, data: bytes, addr: Address) -> bytes | None:
+        # Answer only once the keys' rules are reloaded, so that when the sender
+        # hears back, the new rules are in force. A key whose first load is under
+        # way counts too: that load may have read the old rule.
         request_id, keys = codec.decode_invalidate_request(data)
-        held = {key for key in keys if key in self.buckets}
+        held = {key for key in keys if key in self.buckets or key in self._loading}
         if not held:
             return codec.encode_invalidate_reply(request_id, 0)
         self._wanted.update(held)
@@ -118,22 +136,19 @@ class Partition:
             return cached
         return self._receive_check_items(ident, codec.decode_check_items(data, count), now_ns)
 
-    def _receive_check_items(
-        self, ident: tuple[Address, int], checks: list[tuple[bytes, int]], now_ns: int
-    ) -> bytes | None:
-        if ident in self._parked_ids:
+    def _receive_check_items(self, ident: Ident, checks: list[tuple[bytes, int]], now_ns: int) -> bytes | None:
+        if ident in self._parked:
             self.duplicates += 1
             return None
         buckets = self.buckets
         missing = [key for key, _ in checks if key not in buckets and _is_utf8(key)]
         if missing:
-            self._parked.append((ident, checks))
-            self._parked_ids.add(ident)
+            self._parked[ident] = (now_ns, checks)
             self._wanted.update(key for key in missing if key not in self._loading)
             return None
         return self._decide(ident, checks, now_ns)
 
-    def _decide(self, ident: tuple[Address, int], checks: list[tuple[bytes, int]], now_ns: int) -> bytes:
+    def _decide(self, ident: Ident, checks: list[tuple[bytes, int]], now_ns: int) -> bytes:
         results = []
         buckets = self.buckets
         for key, cost in checks:
@@ -141,18 +156,19 @@ class Partition:
             if bucket is None:  # only keys that are not UTF-8 are never loaded
                 results.append((codec.STATUS_INVALID, 0, 0, 0, 0))
             else:
-                results.append(self._charge(bucket, cost, now_ns))
+                results.append(self._charge(key, bucket, cost, now_ns))
         self.checks += len(checks)
         reply = codec.encode_check_reply(ident[1], results)
         self._replies.put(ident, reply, now_ns)
         return reply
 
-    def _charge(self, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int]:
+    def _charge(self, key: bytes, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int]:
         """Decide one check: ``(status, remaining, retry_after_ms, capacity, window_ms)``."""
         rule = bucket.rule
         if bucket.take(cost, now_ns):
             self.allowed += 1
             self.charged += cost
+            self._dirty.add(key)
             status, retry = codec.STATUS_ALLOWED, 0
         else:
             self.denied += 1
@@ -161,37 +177,113 @@ class Partition:
             status |= codec.FLAG_DEFAULT_RULE
         return status, bucket.remaining, retry, rule.capacity, rule.window_ms
 
-    def _replay(self, ident: tuple[Address, int], now_ns: int) -> bytes | None:
+    def _replay(self, ident: Ident, now_ns: int) -> bytes | None:
         """The cached reply to a repeated request (counted as a duplicate), else None."""
         cached = self._replies.get(ident, now_ns)
         if cached is not None:
             self.duplicates += 1
         return cached
 
+    # -- rules and checkpoints: the adapter's side -------------------------------------------
+
+    @property
+    def wants_rules(self) -> bool:
+        return bool(self._wanted)
+
     def keys_to_load(self, limit: int = 1000) -> list[bytes]:
-        """Keys whose rules the adapter should load now (at most ``limit``)."""
+        """Keys whose rules (and checkpoints) the adapter should load now (at most ``limit``)."""
         keys = []
         while self._wanted and len(keys) < limit:
             keys.append(self._wanted.pop())
         self._loading.update(keys)
         return keys
 
-    def rules_loaded(self, rules: Mapping[bytes, Rule | None], now_ns: int) -> list[tuple[bytes, Address]]:
+    def reload(self, keys: Iterable[bytes]) -> None:
+        """Ask for the rules of these held keys again (e.g. loaded during a store outage)."""
+        self._wanted.update(key for key in keys if key in self.buckets)
+
+    def rules_loaded(
+        self,
+        rules: Mapping[bytes, Rule | None],
+        now_ns: int,
+        checkpoints: Mapping[bytes, tuple[int, int]] | None = None,
+    ) -> list[tuple[bytes, Address]]:
         """Install loaded rules (None: the default rule); return replies now due.
 
-        A key already held (an invalidation) keeps its credit, clamped to the
-        new capacity.
+        A new key starts full, or at its checkpoint ``(credit, at_ns)`` plus the
+        refill since ``at_ns``. A key already held keeps its credit, clamped to
+        the new capacity.
         """
+        checkpoints = checkpoints or {}
         for key, rule in rules.items():
             self._loading.discard(key)
             self.rule_loads += 1
             rule = rule or self.default_rule
             bucket = self.buckets.get(key)
             if bucket is None:
-                self.buckets[key] = Bucket(rule, now_ns)
+                saved = checkpoints.get(key)
+                if saved is None:
+                    self.buckets[key] = Bucket(rule, now_ns)
+                else:
+                    bucket = self.buckets[key] = Bucket(rule, min(saved[1], now_ns), saved[0])
+                    bucket.refill(now_ns)
             else:
-                bucket.set_rule(rule, now_ns)
+                self._set_rule(key, bucket, rule, now_ns)
         return self._answer_invalidations(rules) + self._answer_parked(now_ns)
+
+    def rules_failed(self, keys: Iterable[bytes], now_ns: int) -> tuple[list[bytes], list[tuple[bytes, Address]]]:
+        """The store could not be read: new keys get the default rule for now, held keys keep theirs.
+
+        Returns the keys that got the default rule this way (to :meth:`reload`
+        once the store is back) and the replies now due.
+        """
+        keys = list(keys)
+        new = [key for key in keys if key not in self.buckets]
+        held = dict.fromkeys(key for key in keys if key in self.buckets)
+        self._loading.difference_update(held)
+        return new, self._answer_invalidations(held) + self.rules_loaded(dict.fromkeys(new), now_ns)
+
+    def apply_rule_changes(self, changes: Mapping[bytes, Rule | None], now_ns: int) -> int:
+        """Apply changed rules (None: deleted, back to the default) to held keys; returns how many."""
+        applied = 0
+        for key, rule in changes.items():
+            bucket = self.buckets.get(key)
+            if bucket is not None:
+                self._set_rule(key, bucket, rule or self.default_rule, now_ns)
+                applied += 1
+        return applied
+
+    def _set_rule(self, key: bytes, bucket: Bucket, rule: Rule, now_ns: int) -> None:
+        if bucket.rule != rule:
+            bucket.set_rule(rule, now_ns)
+            self._dirty.add(key)  # the credit may have been clamped
+
+    def take_checkpoints(self, now_ns: int) -> list[tuple[bytes, int, int, int]]:
+        """``(key, credit, at_ns, full_at_ns)`` of every bucket spent since the last call and not full.
+
+        ``full_at_ns`` is when the bucket will be full again (``NEVER_FULL`` if it
+        never refills): from then on the checkpoint is void, as a missing one
+        means "full". A failed write goes back with :meth:`mark_dirty`.
+        """
+        out = []
+        buckets = self.buckets
+        for key in self._dirty:
+            bucket = buckets.get(key)
+            if bucket is None:
+                continue
+            bucket.refill(now_ns)
+            rule = bucket.rule
+            missing = rule.capacity_nano - bucket.credit
+            if missing <= 0:
+                continue
+            full_at = NEVER_FULL if rule.rate <= 0 else bucket.stamp + math.ceil(missing / rule.rate)
+            out.append((key, bucket.credit, bucket.stamp, full_at))
+        self._dirty = set()
+        return out
+
+    def mark_dirty(self, keys: Iterable[bytes]) -> None:
+        """Checkpoint these keys again next time (their last write failed)."""
+        self._dirty.update(keys)
 
     def _answer_invalidations(self, rules: Mapping[bytes, Rule | None]) -> list[tuple[bytes, Address]]:
         replies = []
@@ -207,20 +299,17 @@ class Partition:
 
     def _answer_parked(self, now_ns: int) -> list[tuple[bytes, Address]]:
         replies = []
-        waiting = []
         buckets = self.buckets
-        for ident, checks in self._parked:
-            if all(key in buckets or not _is_utf8(key) for key, _ in checks):
-                self._parked_ids.discard(ident)
+        for ident, (parked_at, checks) in list(self._parked.items()):
+            if now_ns - parked_at >= self._reply_cache_ns:
+                # Its sender has long given up (answered its caller with the
+                # fallback): charging now would charge for nothing.
+                del self._parked[ident]
+                self.expired += 1
+            elif all(key in buckets or not _is_utf8(key) for key, _ in checks):
+                del self._parked[ident]
                 replies.append((self._decide(ident, checks, now_ns), ident[0]))
-            else:
-                waiting.append((ident, checks))
-        self._parked = waiting
         return replies
-
-    @property
-    def wants_rules(self) -> bool:
-        return bool(self._wanted)
 
 
 def _is_utf8(key: bytes) -> bool:

@@ -18,6 +18,8 @@ Two kinds of data:
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,6 +56,24 @@ class StoreError(Exception):
 
 class StoreUnavailable(StoreError):
     """The store cannot be reached (or is locked/throttled); retrying may help."""
+
+
+_clock_lock = threading.Lock()
+_last_change = 0.0
+
+
+def change_times(count: int) -> list[float]:
+    """``count`` strictly increasing store times (epoch seconds) for rule writes.
+
+    Backends stamp each written or deleted rule with one, so that rows of one
+    bulk write do not share a time and ``changed_since`` can page through them.
+    """
+    global _last_change
+    with _clock_lock:
+        start = max(time.time(), _last_change + 1e-6)
+        times = [start + i * 1e-6 for i in range(count)]
+        _last_change = times[-1] if times else _last_change
+    return times
 
 
 class RuleStore(ABC):

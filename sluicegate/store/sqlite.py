@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from sluicegate.rules import Rule
-from sluicegate.store.base import Checkpoint, RuleChange, RuleStore
+from sluicegate.store.base import Checkpoint, RuleChange, RuleStore, change_times
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rules (
@@ -80,8 +79,9 @@ class SqliteRuleStore(RuleStore):
         return [Rule(*row) for row in rows]
 
     def _write(self, rules: Sequence[Rule]) -> None:
-        now = time.time()
-        rows = [(rule.key, rule.capacity, rule.rate, now) for rule in rules]
+        rows = [
+            (rule.key, rule.capacity, rule.rate, at) for rule, at in zip(rules, change_times(len(rules)), strict=True)
+        ]
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO rules (key, capacity, rate, updated_at, deleted) VALUES (?, ?, ?, ?, 0) "
@@ -94,7 +94,7 @@ class SqliteRuleStore(RuleStore):
         # A tombstone, so that changed_since reports the deletion.
         with self._lock:
             cursor = self._db.execute(
-                f"UPDATE rules SET deleted = 1, updated_at = ? WHERE key = ? AND {_LIVE}", (time.time(), key)
+                f"UPDATE rules SET deleted = 1, updated_at = ? WHERE key = ? AND {_LIVE}", (change_times(1)[0], key)
             )
             return cursor.rowcount > 0
 
@@ -114,7 +114,7 @@ class SqliteRuleStore(RuleStore):
     def _changes(self, since: float, limit: int) -> list[RuleChange]:
         query = (
             "SELECT key, capacity, rate, updated_at, deleted FROM rules "
-            "WHERE updated_at > ? ORDER BY updated_at LIMIT ?"
+            "WHERE updated_at > ? ORDER BY updated_at, key LIMIT ?"
         )
         with self._lock:
             rows = self._db.execute(query, (since, limit)).fetchall()

@@ -101,3 +101,22 @@ def test_tiny_rate_retry_after_is_never_not_an_overflow() -> None:
     bucket = Bucket(Rule("k", capacity=1, rate=1e-310), 0)
     assert bucket.take(1, 0)
     assert check(bucket, 1, 0).retry_after_ms == NEVER_MS
+
+
+def test_very_low_rate_refills_even_when_checked_constantly() -> None:
+    bucket = Bucket(Rule("k", capacity=1, rate=1 / 86400), 0)  # one credit a day
+    assert bucket.take(1, 0)
+    for step in range(1, 200_001):  # a check every 50 µs for 10 s
+        bucket.refill(step * 50_000)
+    assert bucket.credit >= 115_740  # 10 s of 1/86400 credit/s in nano-credits, none lost
+    assert not bucket.take(1, 86_399 * SECOND)
+    assert bucket.take(1, 86_400 * SECOND)
+
+
+def test_absurd_rate_is_refused() -> None:
+    import pytest
+
+    from sluicegate.rules import RuleError
+
+    with pytest.raises(RuleError, match="rate must be at most"):
+        Rule("k", capacity=10, rate=1e300)

@@ -142,3 +142,11 @@ def test_boundary_values_are_accepted(name: str, value: str) -> None:
 def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config().port = 1  # type: ignore[misc]
+
+
+def test_reply_cache_must_outlast_the_retry_budget() -> None:
+    with pytest.raises(ConfigError, match="SLUICEGATE_REPLY_CACHE_MS"):
+        Config.from_env(
+            {"SLUICEGATE_TIMEOUT_MS": "100", "SLUICEGATE_ATTEMPTS": "5", "SLUICEGATE_REPLY_CACHE_MS": "500"}
+        )
+    assert Config.from_env({"SLUICEGATE_REPLY_CACHE_MS": "151"}).reply_cache_ms == 151

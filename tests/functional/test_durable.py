@@ -1,0 +1,198 @@
+"""Durable state through real servers: rule sync, checkpoints, restore, store outages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import pytest
+
+from sluicegate.router.client import PartitionClient
+from sluicegate.rules import Rule, default_rule
+from sluicegate.server.keeper import SYNC_OVERLAP_S, StoreKeeper
+from sluicegate.server.partition import Partition
+from sluicegate.server.udp import serve_partition
+from sluicegate.store import Checkpoint, RuleChange, RuleStore, StoreUnavailable
+from tests.stores import BACKENDS
+
+SYNC_S = 0.2
+
+
+@pytest.fixture(params=BACKENDS)
+def open_store(request: pytest.FixtureRequest) -> Callable[[], RuleStore]:
+    return request.getfixturevalue(f"{request.param}_opener")
+
+
+async def start_server(store: RuleStore, **options: float) -> tuple[object, PartitionClient]:
+    partition = Partition(default_rule=default_rule(100, 0))
+    server, address = await serve_partition(
+        partition, store, listen=("127.0.0.1", 0), sync_interval_s=SYNC_S, **options
+    )
+    client = PartitionClient([address], timeout_s=0.5)
+    await client.start()
+    return server, client
+
+
+def test_changed_rule_reaches_a_live_key_within_the_sync_interval(open_store: Callable[[], RuleStore]) -> None:
+    writer = open_store()
+    writer.put_rule(Rule("k", 1000, 0))
+
+    async def scenario() -> float:
+        server, client = await start_server(open_store())
+        for _ in range(20):
+            assert (await client.check("k")).capacity == 1000
+        writer.put_rule(Rule("k", 5, 0))  # while the key is being checked
+        changed_at = time.monotonic()
+        while (await client.check("k")).capacity != 5:
+            assert time.monotonic() - changed_at < 5, "the new rule never arrived"
+            await asyncio.sleep(0.01)
+        seen = time.monotonic() - changed_at
+        spent = [(await client.check("k")).allowed for _ in range(5)]
+        assert spent.count(True) <= 4 and not spent[-1]  # credit 980 was clamped to 5, not kept
+        writer.delete_rule("k")  # back to the default rule
+        while (await client.check("k")).capacity != 100:
+            assert time.monotonic() - changed_at < 10
+            await asyncio.sleep(0.01)
+        client.close()
+        await server.stop()
+        return seen
+
+    assert asyncio.run(scenario()) <= SYNC_S + 0.5
+
+
+class CountingStore:
+    """Wraps a store and counts what the bucket server reads."""
+
+    def __init__(self, inner: RuleStore) -> None:
+        self.inner = inner
+        self.items_read = 0
+        self.get_calls = 0
+
+    def changed_since(self, since: float, *, limit: int = 1000) -> list[RuleChange]:
+        changes = self.inner.changed_since(since, limit=limit)
+        self.items_read += len(changes)
+        return changes
+
+    def get_rules(self, keys: Iterable[str]) -> dict[str, Rule]:
+        self.get_calls += 1
+        return self.inner.get_rules(keys)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_one_sync_reads_the_changed_rules_not_the_held_keys(sqlite_opener: Callable[[], RuleStore]) -> None:
+    store = sqlite_opener()
+    keys = [f"user-{i}" for i in range(100_000)]
+    store.put_rules(Rule(key, 10, 1) for key in keys)
+    partition = Partition(default_rule=default_rule(100, 0))
+    counting = CountingStore(store)
+
+    async def scenario() -> None:
+        time.sleep(SYNC_OVERLAP_S + 0.1)  # the bulk import is now older than what a sync re-reads
+        keeper = StoreKeeper(partition, counting, lambda reply, addr: None)  # type: ignore[arg-type]
+        partition.rules_loaded({key.encode(): Rule(key, 10, 1) for key in keys}, time.monotonic_ns())
+        store.put_rules(Rule(key, 20, 1) for key in keys[:10])
+        await keeper.sync()
+        keeper.close()
+
+    asyncio.run(scenario())
+    assert len(partition.buckets) == 100_000
+    assert counting.items_read == 10
+    assert counting.get_calls == 0
+    assert [partition.buckets[key.encode()].rule.capacity for key in keys[:11]] == [20] * 10 + [10]
+
+
+def test_restarted_server_resumes_from_the_checkpoint_plus_refill(open_store: Callable[[], RuleStore]) -> None:
+    open_store().put_rule(Rule("k", 100, 10))
+
+    async def scenario() -> list[int | None]:
+        server, client = await start_server(open_store(), checkpoint_interval_s=0.1)
+        for _ in range(60):
+            await client.check("k")  # 40 left
+        await server.stop()  # SIGTERM path: final checkpoint
+        client.close()
+        stopped = time.monotonic()
+        server, client = await start_server(open_store())
+        await asyncio.sleep(max(0.0, 0.5 - (time.monotonic() - stopped)))
+        decision = await client.check("k")
+        elapsed = time.monotonic() - stopped
+        client.close()
+        await server.stop()
+        return [decision.remaining, round(40 + 10 * elapsed - 1)]
+
+    remaining, expected = asyncio.run(scenario())
+    assert remaining is not None and expected - 2 <= remaining <= expected + 2
+
+
+class SwitchableStore:
+    """A store that can be made unreachable, like a stopped database."""
+
+    def __init__(self, inner: RuleStore) -> None:
+        self.inner = inner
+        self.down = False
+        self.checkpoint_writes: list[list[Checkpoint]] = []
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("store is down")
+
+    def get_rules(self, keys: Iterable[str]) -> dict[str, Rule]:
+        self._check()
+        return self.inner.get_rules(keys)
+
+    def get_checkpoints(self, keys: Iterable[str], now_ns: int) -> dict[str, Checkpoint]:
+        self._check()
+        return self.inner.get_checkpoints(keys, now_ns)
+
+    def changed_since(self, since: float, *, limit: int = 1000) -> list[RuleChange]:
+        self._check()
+        return self.inner.changed_since(since, limit=limit)
+
+    def put_checkpoints(self, checkpoints: Sequence[Checkpoint]) -> int:
+        self._check()
+        checkpoints = list(checkpoints)
+        self.checkpoint_writes.append(checkpoints)
+        return self.inner.put_checkpoints(checkpoints)
+
+    def sweep(self, now_ns: int) -> int:
+        self._check()
+        return self.inner.sweep(now_ns)
+
+
+def test_store_outage_keeps_deciding_and_heals(
+    sqlite_opener: Callable[[], RuleStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = sqlite_opener()
+    inner.put_rules([Rule("known", 1000, 0), Rule("later", 3, 0)])
+    store = SwitchableStore(inner)
+
+    async def scenario() -> None:
+        server, client = await start_server(store, checkpoint_interval_s=0.1)  # type: ignore[arg-type]
+        assert (await client.check("known", 10)).remaining == 990
+        store.down = True
+        for _ in range(30):  # ~1.5 s of outage under load
+            known = await client.check("known")
+            assert known.allowed and known.capacity == 1000 and not known.fallback
+            later = await client.check("later")
+            assert not later.fallback and later.capacity == 100  # default rule for now
+            await asyncio.sleep(0.05)
+        assert server.partition.store_errors > 0
+        store.down = False
+        deadline = time.monotonic() + 5
+        while (await client.check("later")).capacity != 3:  # reloaded once the store is back
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        while not any(c.key == "known" and c.credit == 960 * 10**9 for w in store.checkpoint_writes for c in w):
+            assert time.monotonic() < deadline, "the credit spent during the outage was never checkpointed"
+            await asyncio.sleep(0.05)
+        client.close()
+        await server.stop()
+
+    with caplog.at_level(logging.WARNING, logger="sluicegate.server"):
+        asyncio.run(scenario())
+    outage_logs = [r for r in caplog.records if "store unavailable" in r.getMessage()]
+    assert len(outage_logs) == 1  # logged once, not per request
+    assert any("available again" in r.getMessage() for r in caplog.records)
