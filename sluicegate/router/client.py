@@ -91,7 +91,25 @@ class UdpLink:
         self.sock.close()
 
 
-LinkFactory = Callable[[Deliver], Awaitable[Link]]
+LinkFactory = Callable[[Deliver, int], Awaitable[Link]]
+
+
+async def _resolve(address: Address) -> Address:
+    host, port = address[0], address[1]
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+        return (host, port)
+    except OSError:
+        pass
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first, as servers bind it by default
+    return infos[0][4][:2]
+
+
+def _family(addresses: Sequence[Address]) -> int:
+    return socket.AF_INET6 if any(":" in host for host, *_ in addresses) else socket.AF_INET
+
+
 _Item = tuple[bytes, str, int, "asyncio.Future[Decision]"]
 
 
@@ -139,7 +157,9 @@ class PartitionClient:
         self.timeouts = 0
 
     async def start(self) -> None:
-        self._link = await self._link_factory(self._on_datagram)
+        # Numeric addresses: replies are matched against them.
+        self.addresses = [await _resolve(address) for address in self.addresses]
+        self._link = await self._link_factory(self._on_datagram, _family(self.addresses))
 
     def close(self) -> None:
         if self._link is not None:
@@ -171,7 +191,10 @@ class PartitionClient:
         request_bytes = reply_bytes = codec.HEADER_SIZE
         for item in items:
             grow_request = 6 + len(item[0])
-            if chunk and max(request_bytes + grow_request, reply_bytes + codec.RESULT_ITEM.size) > self.max_datagram:
+            full = len(chunk) == codec.MAX_ITEMS
+            if chunk and (
+                full or max(request_bytes + grow_request, reply_bytes + codec.RESULT_ITEM.size) > self.max_datagram
+            ):
                 self._send_new(chunk, index)
                 chunk, request_bytes, reply_bytes = [], codec.HEADER_SIZE, codec.HEADER_SIZE
             chunk.append(item)
@@ -185,7 +208,11 @@ class PartitionClient:
 
     def _send_new(self, items: list[_Item], index: int) -> None:
         request_id = self._new_id()
-        data = codec.encode_check_request(request_id, [(key, cost) for key, _, cost, _ in items])
+        try:
+            data = codec.encode_check_request(request_id, [(key, cost) for key, _, cost, _ in items])
+        except ValueError:  # a check the API should have refused: answer, never leave a caller hanging
+            self._fall_back(items)
+            return
         flight = _InFlight(data, index, items, self.attempts)
         self._inflight[request_id] = flight
         self._transmit(request_id, flight)
@@ -205,8 +232,11 @@ class PartitionClient:
             self._transmit(request_id, flight)
             return
         del self._inflight[request_id]
-        self.fallbacks += len(flight.items)
-        for _, key, _, future in flight.items:
+        self._fall_back(flight.items)
+
+    def _fall_back(self, items: list[_Item]) -> None:
+        self.fallbacks += len(items)
+        for _, key, _, future in items:
             if not future.done():
                 future.set_result(self.fallback_decision(key))
 
@@ -227,8 +257,8 @@ class PartitionClient:
                 waiter.set_result(data)
             return
         flight = self._inflight.get(request_id)
-        if flight is None:
-            return  # a late answer to a retried or abandoned request
+        if flight is None or addr[:2] != self.addresses[flight.index][:2]:
+            return  # a late answer to a retried or abandoned request, or not from its partition
         try:
             _, results = codec.decode_check_reply(data)
         except codec.MalformedDatagram:

@@ -81,12 +81,12 @@ class LossyLink:
         self.delivered: dict[int, list[tuple[bytes, int]]] = {}  # request id -> checks that reached a server
         self.inner: UdpLink | None = None
 
-    async def open(self, deliver):  # type: ignore[no-untyped-def]
+    async def open(self, deliver, family=socket.AF_INET):  # type: ignore[no-untyped-def]
         def lossy_deliver(data: bytes, addr: object) -> None:
             if self.rng.random() >= self.drop:
                 deliver(data, addr)
 
-        self.inner = await UdpLink.open(lossy_deliver)
+        self.inner = await UdpLink.open(lossy_deliver, family)
         return self
 
     def send(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -216,3 +216,44 @@ def test_100k_malformed_datagrams_counted_never_crash_never_amplify(partition_pr
         reply = sock.recv(65536)
         assert codec.decode_check_reply(reply)[0] == 1000 + count and len(reply) <= len(request)
     sock.close()
+
+
+def test_more_checks_than_one_datagram_holds_are_all_answered(tmp_path: Path) -> None:
+    async def scenario() -> list:
+        servers = await start_cluster(1, tmp_path / "rules.db", default_rule(10**6, 0))
+        client = PartitionClient([address for _, address in servers], max_datagram=65507)
+        await client.start()
+        decisions = await asyncio.wait_for(client.check_many([(f"k{i}", 1) for i in range(codec.MAX_ITEMS + 50)]), 10)
+        client.close()
+        for server, _ in servers:
+            server.close()
+        return decisions
+
+    decisions = asyncio.run(scenario())
+    assert len(decisions) == codec.MAX_ITEMS + 50 and all(d.allowed and not d.fallback for d in decisions)
+
+
+def test_partition_over_ipv6_and_by_name(tmp_path: Path) -> None:
+    async def scenario() -> tuple:
+        partition = Partition(default_rule=default_rule(5, 0))
+        server, (host, port) = await serve_partition(
+            partition, open_store("sqlite", path=str(tmp_path / "r.db")), listen=("::1", 0)
+        )
+        v6 = PartitionClient([(host, port)])
+        await v6.start()
+        first = await v6.check("k")
+        v6.close()
+        server.close()
+        server, (_, port) = await serve_partition(
+            partition, open_store("sqlite", path=str(tmp_path / "r.db")), listen=("127.0.0.1", 0)
+        )
+        named = PartitionClient([("localhost", port)])
+        await named.start()
+        second = await named.check("k")
+        named.close()
+        server.close()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert not first.fallback and first.remaining == 4
+    assert not second.fallback and second.remaining == 3
