@@ -92,3 +92,18 @@ def partition_process(tmp_path: Path) -> Iterator[object]:
 
 # The store backends' fixtures (see tests/stores).
 pytest_plugins = [f"tests.stores.{name}" for name in BACKENDS]
+
+
+def children_of(pid: int) -> list[int]:
+    """PIDs of the live child processes of ``pid`` (from /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                children.append(int(entry))
+    return children
