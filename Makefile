@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-TEST_PACKAGES := wamerican-insane
+TEST_PACKAGES := wamerican-insane postgresql
 BENCH_PACKAGES := redis-server redis-tools nginx wrk gcc
 
 export PYTHONDONTWRITEBYTECODE :=

@@ -35,6 +35,8 @@ def validate_key(key: object) -> str:
         raise RuleError("key must be a string")
     if not key:
         raise RuleError("key must not be empty")
+    if "\x00" in key:
+        raise RuleError("key must not contain NUL characters")
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
         raise RuleError(f"key is longer than {MAX_KEY_BYTES} UTF-8 bytes")
     try:

@@ -395,3 +395,15 @@ class TestSqlite:
     def test_open_store_rejects_unknown_backend(self) -> None:
         with pytest.raises(StoreError, match="unknown store"):
             open_store("cassandra")
+
+
+def test_one_bulk_write_pages_through_changed_since_without_losing_rows(open_handle: Opener) -> None:
+    store = open_handle()
+    start = time.time() - 1
+    store.put_rules(Rule(f"k{i:04}", 1, 1) for i in range(2 * MAX_LIST + 5))  # more than a page, one write
+    seen: list[str] = []
+    since = start
+    while page := store.changed_since(since):
+        seen += [change.key for change in page]
+        since = page[-1].updated_at
+    assert sorted(seen) == [f"k{i:04}" for i in range(2 * MAX_LIST + 5)]

@@ -6,4 +6,4 @@ contract suite (``tests/functional/test_store_contract.py``) runs against
 every backend listed in ``BACKENDS``.
 """
 
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", "postgres", "dynamodb"]
