@@ -66,6 +66,7 @@ class StoreKeeper:
         self._provisional: set[bytes] = set()  # keys given the default rule during an outage
         self._watermark = wall_clock() / 1e9  # rules loaded from now on are fresh
         self.store_down = False
+        self._store_back = asyncio.Event()  # wakes the checkpoint loop out of its backoff
         self.outages = 0
 
     def start(self) -> None:
@@ -87,6 +88,7 @@ class StoreKeeper:
             raise StoreError(str(exc)) from exc
         if self.store_down:
             self.store_down = False
+            self._store_back.set()
             log.warning("store available again")
         return result
 
@@ -102,6 +104,8 @@ class StoreKeeper:
             while keys := partition.keys_to_load():
                 names = {key.decode("utf-8"): key for key in keys}
                 try:
+                    if self.store_down:  # known down: answer now; the sync loop notices when it is back
+                        raise StoreError("store down")
                     found, saved = await self._call(self._read, list(names))
                 except StoreError:
                     new, replies = partition.rules_failed(keys, self.clock())
@@ -163,7 +167,11 @@ class StoreKeeper:
         delay = self.checkpoint_interval_s
         rounds = 0
         while True:
-            await asyncio.sleep(delay)
+            self._store_back.clear()
+            try:
+                await asyncio.wait_for(self._store_back.wait(), delay)  # or earlier, once the store is back
+            except TimeoutError:
+                pass
             try:
                 await self.write_checkpoints()
                 rounds += 1
