@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from sluicegate.config import Config, ConfigError
-from sluicegate.importer import FORMATS, read_rules
+from sluicegate.importer import FORMATS, ImportSummary, import_rules
 from sluicegate.rules import Rule, RuleError
 from sluicegate.store import RuleStore, StoreError, store_from_config
 
@@ -78,20 +78,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "rules":
             return _rules(args, config)
         return _check(args)
-    except (ConfigError, RuleError, StoreError, OSError) as exc:
+    except (ConfigError, RuleError, StoreError, OSError, ValueError) as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
 def _local(args: argparse.Namespace, config: Config) -> int:
-    from sluicegate.local import run_local
+    from sluicegate.local import StartupError, run_local
     from sluicegate.server.__main__ import install_event_loop_policy
 
     config = dataclasses.replace(config, partitions=args.partitions, host=args.host, port=args.port, db=args.db)
     config.validate()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s %(message)s")
     install_event_loop_policy()
-    asyncio.run(run_local(config, rules_file=args.rules))
+    try:
+        asyncio.run(run_local(config, rules_file=args.rules))
+    except StartupError as exc:
+        print(f"sluicegate: could not start: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (e.g. during --rules)
+        print("sluicegate: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -120,33 +127,25 @@ def _rules(args: argparse.Namespace, config: Config) -> int:
 
 
 def _import(store: RuleStore, path: Path, fmt: str | None) -> int:
-    """Import good rows in batches with a progress line; report bad rows by line."""
-    bad = 0
-    total_rows = 0
+    """Import good rows in batches with a progress line; report bad rows as ``file:line: message``."""
     last_print = 0.0
     interactive = sys.stderr.isatty()
 
-    def progress(done: int) -> None:
+    def progress(summary: ImportSummary) -> None:
         nonlocal last_print
         now = time.monotonic()
         if now - last_print >= (0.2 if interactive else 2.0):
             last_print = now
             end = "\r" if interactive else "\n"
-            print(f"imported {done} rules ({total_rows} rows read, {bad} bad)", end=end, file=sys.stderr, flush=True)
+            line = f"imported {summary.stored} rules ({summary.rows} rows read, {summary.bad} bad)"
+            print(line, end=end, file=sys.stderr, flush=True)
 
-    def good_rows():  # type: ignore[no-untyped-def]
-        nonlocal bad, total_rows
-        for line, row in read_rules(path, fmt):
-            total_rows += 1
-            if isinstance(row, RuleError):
-                bad += 1
-                print(f"{path}:{line}: {row}", file=sys.stderr)
-            else:
-                yield row
-
-    stored = store.put_rules(good_rows(), progress=progress)
-    print(f"imported {stored} rules from {path}; {bad} bad rows skipped ({total_rows} rows read)", file=sys.stderr)
-    return EXIT_ALLOWED if bad == 0 else EXIT_DENIED
+    summary = import_rules(store, path, fmt, on_bad=lambda message: print(message, file=sys.stderr), progress=progress)
+    print(
+        f"imported {summary.stored} rules from {path}; {summary.bad} bad rows skipped ({summary.rows} rows read)",
+        file=sys.stderr,
+    )
+    return EXIT_ALLOWED if summary.bad == 0 else EXIT_DENIED
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -1,7 +1,10 @@
 """Read rules from YAML, JSON or CSV files, with the line number of each row.
 
-Every row yields ``(line, Rule)`` or ``(line, RuleError)``, so a caller keeps
-the good rows and reports the bad ones by line.
+Every row yields ``(where, Rule)`` or ``(where, RuleError)``, so a caller keeps
+the good rows and reports the bad ones by line. ``where`` is the line number
+(an int), or ``"item N"`` in the rare case a JSON item's line cannot be found.
+:func:`import_rules` streams a file into a store in batches; both
+``sluicegate rules import`` and ``sluicegate local --rules`` use it.
 
 Formats (chosen by file extension, or ``fmt``):
 
@@ -14,13 +17,68 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sluicegate.rules import Rule, RuleError
 
-Row = tuple[int, "Rule | RuleError"]
+if TYPE_CHECKING:
+    from sluicegate.store import RuleStore
+
+Row = tuple["int | str", "Rule | RuleError"]
 FORMATS = ("csv", "json", "yaml")
+_JSON_SPACE = " \t\r\n"
+
+
+@dataclass
+class ImportSummary:
+    """Counts of an import so far: rules stored, rows read, bad rows skipped."""
+
+    stored: int = 0
+    rows: int = 0
+    bad: int = 0
+
+
+def bad_row_message(path: Path, where: int | str, error: RuleError) -> str:
+    """``file:line: message`` (or ``file: item N: message`` when the line is unknown)."""
+    return f"{path}:{where}: {error}" if isinstance(where, int) else f"{path}: {where}: {error}"
+
+
+def import_rules(
+    store: RuleStore,
+    path: Path,
+    fmt: str | None = None,
+    *,
+    on_bad: Callable[[str], None],
+    progress: Callable[[ImportSummary], None] | None = None,
+) -> ImportSummary:
+    """Stream the good rows of ``path`` into ``store`` in batches.
+
+    ``on_bad`` gets a ``file:line: message`` text for every bad row;
+    ``progress`` gets the running summary after each stored batch. A file
+    that cannot be read at all raises :class:`RuleError` (rows already
+    stored stay stored).
+    """
+    summary = ImportSummary()
+
+    def good_rows() -> Iterator[Rule]:
+        for where, row in read_rules(path, fmt):
+            summary.rows += 1
+            if isinstance(row, RuleError):
+                summary.bad += 1
+                on_bad(bad_row_message(path, where, row))
+            else:
+                yield row
+
+    def stored(done: int) -> None:
+        summary.stored = done
+        if progress is not None:
+            progress(summary)
+
+    summary.stored = store.put_rules(good_rows(), progress=stored)
+    return summary
 
 
 def detect_format(path: Path) -> str:
@@ -49,11 +107,11 @@ def read_rules(path: Path, fmt: str | None = None) -> Iterator[Row]:
         raise RuleError(f"{path.name} is not UTF-8 text: {exc.reason}") from exc
 
 
-def _rule(line: int, data: object) -> Row:
+def _rule(where: int | str, data: object) -> Row:
     try:
-        return line, Rule.from_dict(data)
+        return where, Rule.from_dict(data)
     except RuleError as exc:
-        return line, exc
+        return where, exc
 
 
 def _read_csv(path: Path) -> Iterator[Row]:
@@ -83,16 +141,62 @@ def _read_json(text: str) -> Iterator[Row]:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RuleError(f"not valid JSON (line {exc.lineno}): {exc.msg}") from exc
+    except RecursionError as exc:
+        raise RuleError("not valid JSON: nested too deeply") from exc
     items = _items(payload)
-    # json has no positions: walk the array again to find where each item starts.
-    decoder = json.JSONDecoder()
-    index = text.index("[", text.index('"rules"') if isinstance(payload, dict) else 0) + 1
-    for item in items:
-        while text[index] in " \t\r\n,":
-            index += 1
-        line = text.count("\n", 0, index) + 1
-        _, index = decoder.raw_decode(text, index)
+    try:
+        lines: list[int | str] = list(_json_item_lines(text, len(items)))
+    except (ValueError, IndexError, RecursionError):
+        # Should not happen for text json.loads accepted; number the items instead of crashing.
+        lines = [f"item {number}" for number in range(1, len(items) + 1)]
+    for line, item in zip(lines, items, strict=True):
         yield _rule(line, item)
+
+
+def _json_item_lines(text: str, count: int) -> Iterator[int]:
+    """The line where each item of the rules array starts (json has no positions: walk the text)."""
+    decoder = json.JSONDecoder()
+
+    def skip_space(index: int) -> int:
+        while text[index] in _JSON_SPACE:
+            index += 1
+        return index
+
+    def expect(index: int, char: str) -> int:
+        index = skip_space(index)
+        if text[index] != char:
+            raise ValueError(f"expected {char!r} at offset {index}")
+        return index + 1
+
+    index = skip_space(0)
+    if text[index] == "{":
+        # Walk the top-level members; json.loads keeps the last of repeated names, so do we.
+        index, array = skip_space(index + 1), None
+        while text[index] != "}":
+            name, index = decoder.raw_decode(text, index)
+            index = skip_space(expect(index, ":"))
+            if name == "rules":
+                array = index
+            _, index = decoder.raw_decode(text, index)
+            index = skip_space(index)
+            if text[index] == ",":
+                index = skip_space(index + 1)
+            elif text[index] != "}":
+                raise ValueError(f"expected ',' or '}}' at offset {index}")
+        if array is None:
+            raise ValueError("no rules member")
+        index = array
+    index = expect(index, "[")
+    line, counted = 1, 0
+    for _ in range(count):
+        index = skip_space(index)
+        line += text.count("\n", counted, index)  # counted incrementally: one pass over the text
+        counted = index
+        yield line
+        _, index = decoder.raw_decode(text, index)
+        index = skip_space(index)
+        if text[index] == ",":
+            index += 1
 
 
 def _read_yaml(text: str) -> Iterator[Row]:

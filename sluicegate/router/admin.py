@@ -3,13 +3,19 @@
 Never open to the world: locally it needs ``Authorization: Bearer <token>``
 (``SLUICEGATE_ADMIN_TOKEN``); without a configured token it answers 401 to
 everything. In the cloud the admin Lambda sits behind IAM instead.
+
+A successful ``PUT``/``DELETE`` (200/204) means the store holds the change.
+The owning partition is then told to reload the key: when it confirms, keys
+it already holds use the new rule at once; when it does not answer (it is
+restarting, or the datagram was lost), they pick it up within the rule sync
+interval (``SLUICEGATE_SYNC_INTERVAL_MS``). Keys a partition does not hold
+yet always load the stored rule on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import parse_qs
 
@@ -18,9 +24,11 @@ from sluicegate.router.api import (
     BadRequest,
     HttpRequest,
     HttpResponse,
+    ascii_digits,
     decode_path_key,
     error_response,
     json_response,
+    parse_json_body,
 )
 from sluicegate.rules import Rule, RuleError
 from sluicegate.store import RuleStore, StoreError
@@ -55,7 +63,10 @@ class RulesAdmin:
                 rule = await self._run(self.store.get_rule, key)
                 return json_response(200, rule.to_dict()) if rule else error_response(404, f"no rule for {key!r}")
             if request.method == "PUT":
-                rule = Rule.from_dict(_json_object(request.body), key=key)
+                payload = parse_json_body(request.body)
+                if not isinstance(payload, dict):
+                    raise BadRequest('body must be an object like {"capacity": 100, "rate": 10}')
+                rule = Rule.from_dict(payload, key=key)
                 await self._run(self.store.put_rule, rule)
                 await self._changed(key)
                 return json_response(200, rule.to_dict())
@@ -72,10 +83,9 @@ class RulesAdmin:
 
     async def _list(self, query: str) -> HttpResponse:
         params = {name: values[-1] for name, values in parse_qs(query).items()}
-        limit_text = params.get("limit", "100")
-        if not (limit_text.isascii() and limit_text.isdigit()):
+        limit = ascii_digits(params.get("limit", "100"))
+        if limit is None:
             raise BadRequest("limit must be a whole number")
-        limit = int(limit_text)
         rules = await self._run(
             lambda: self.store.list_rules(prefix=params.get("prefix", ""), after=params.get("after"), limit=limit)
         )
@@ -90,13 +100,3 @@ class RulesAdmin:
     async def _run(function, *args):  # type: ignore[no-untyped-def]
         # The store blocks; keep it off the event loop that answers checks.
         return await asyncio.get_running_loop().run_in_executor(None, function, *args)
-
-
-def _json_object(body: bytes) -> dict:
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise BadRequest('body must be an object like {"capacity": 100, "rate": 10}')
-    return payload

@@ -5,6 +5,8 @@ health) or an awaitable of one (checks). The asyncio server of
 ``sluicegate local`` and the router Lambda both call it.
 
 * ``GET /v1/check/{key}?cost=N``: 200 allowed / 429 denied, JSON decision.
+  ``HEAD`` is accepted too and is a real check: it charges the bucket exactly
+  like ``GET`` (only the body is left out), so it is not a free "peek".
 * ``POST /v1/check`` ``{"checks": [{"key": ..., "cost": ...}]}``: 200, ``{"results": [...]}``.
 * ``GET /healthz``; ``GET /v1/stats``: each partition's counters and the router's.
 """
@@ -57,13 +59,36 @@ def error_response(status: int, message: str, headers: list[tuple[str, str]] | N
     return json_response(status, {"error": message}, headers)
 
 
+def ascii_digits(text: str) -> int | None:
+    """``text`` as a whole number if it is one or more ASCII digits, else None.
+
+    ``str.isdigit()`` alone is not enough: ``"²".isdigit()`` is True but ``int("²")`` fails.
+    """
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() accepts (sys.get_int_max_str_digits)
+        return None
+
+
+def parse_json_body(body: bytes) -> Any:
+    """Decode a JSON request body; anything undecodable (or nested too deeply) is a :class:`BadRequest`."""
+    try:
+        return json.loads(body)
+    except RecursionError as exc:
+        raise BadRequest("body JSON is nested too deeply") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from exc
+
+
 def parse_cost(value: object) -> int:
     """A positive whole number of credits (``"3"``, ``3`` or ``3.0``)."""
     if isinstance(value, str):
-        text = value.strip()
-        if not (text.isascii() and text.isdigit()):  # "²".isdigit() is True
+        number = ascii_digits(value.strip())
+        if number is None:
             raise BadRequest(f"cost must be a positive whole number, got {value!r}")
-        value = int(text)
+        value = number
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -88,10 +113,7 @@ def decode_path_key(raw: str) -> str:
 
 
 def parse_checks(body: bytes) -> list[tuple[str, int]]:
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from exc
+    payload = parse_json_body(body)
     checks = payload.get("checks") if isinstance(payload, dict) else None
     if not isinstance(checks, list) or not checks:
         raise BadRequest('body must be {"checks": [{"key": ..., "cost": ...}, ...]} with at least one check')
@@ -123,7 +145,7 @@ class CheckApi:
         try:
             if path.startswith(CHECK_PREFIX):
                 if request.method not in ("GET", "HEAD"):
-                    return error_response(405, "use GET /v1/check/{key} or POST /v1/check", [("Allow", "GET")])
+                    return error_response(405, "use GET /v1/check/{key} or POST /v1/check", [("Allow", "GET, HEAD")])
                 return self._check_one(path[len(CHECK_PREFIX) :], request.query)
             if path == "/v1/check":
                 if request.method != "POST":
@@ -176,11 +198,24 @@ def _map_future(
     future: asyncio.Future[Decision], build: Callable[[Decision], HttpResponse]
 ) -> asyncio.Future[HttpResponse]:
     # A plain future + callback is cheaper than a task per request on the hot path.
+    # A failed or cancelled source must fail the mapped future too: a future that
+    # never resolves would stall every later pipelined answer on the connection.
     mapped: asyncio.Future[HttpResponse] = future.get_loop().create_future()
 
     def done(source: asyncio.Future[Decision]) -> None:
-        if not mapped.done():
+        if mapped.done():
+            return
+        if source.cancelled():
+            mapped.cancel()
+            return
+        error = source.exception()
+        if error is not None:
+            mapped.set_exception(error)
+            return
+        try:
             mapped.set_result(build(source.result()))
+        except Exception as exc:
+            mapped.set_exception(exc)
 
     future.add_done_callback(done)
     return mapped

@@ -159,6 +159,15 @@ class TestCrud:
         assert store.get_rule("alice") is None
         assert service.changes == []
 
+    def test_put_deeply_nested_json_is_400_not_500(self, service: Service, store: SqliteRuleStore) -> None:
+        deep = b"[" * 100_000 + b"]" * 100_000
+        for body in (deep, b'{"capacity": ' + deep + b', "rate": 1}'):
+            response = service.call("PUT", "/v1/rules/alice", body)
+            assert response.status == 400
+            assert "nested too deeply" in payload(response)["error"]
+        assert store.get_rule("alice") is None
+        assert service.changes == []
+
     @pytest.mark.parametrize(
         ("path", "message"), [("/v1/rules/", "empty"), ("/v1/rules/" + "x" * 257, "longer")], ids=["empty", "long"]
     )
@@ -243,7 +252,11 @@ class TestList:
         assert [rule["key"] for rule in second["rules"]] == ["b/3"]
         assert second["next"] is None
 
-    @pytest.mark.parametrize("limit", ["0", "1001", "-1", "ten", "2.5", "%C2%B2"])
+    @pytest.mark.parametrize(
+        "limit",
+        ["0", "1001", "-1", "ten", "2.5", "%C2%B2", "9" * 5000],
+        ids=lambda v: v if len(v) < 20 else f"{len(v)}-digits",
+    )
     def test_bad_limit_is_400(self, service: Service, limit: str) -> None:
         response = service.call("GET", "/v1/rules", query=f"limit={limit}")
         assert response.status == 400

@@ -180,6 +180,23 @@ class TestImport:
         assert f"{path}:3: " in done.stderr
         assert sorted(cli.stored()) == ["a"]
 
+    def test_json_with_rules_as_an_earlier_value(self, cli: Cli) -> None:
+        path = cli.tmp_path / "rules.json"
+        path.write_text(
+            '{"comment": "rules", "tags": [1, 2],\n'
+            ' "rules": [\n'
+            '  {"key": "a", "capacity": 1, "rate": 1},\n'
+            '  {"key": "b", "capacity": -2, "rate": 1},\n'
+            '  {"key": "c", "capacity": 3, "rate": 1}\n'
+            "]}\n"
+        )
+        done = cli.rules("import", str(path))
+        assert "Traceback" not in done.stderr
+        assert done.returncode == 1
+        errors = [line for line in done.stderr.splitlines() if line.startswith(f"{path}:")]
+        assert [line.split(":")[1] for line in errors] == ["4"]
+        assert sorted(cli.stored()) == ["a", "c"]
+
     def test_format_option_overrides_extension(self, cli: Cli) -> None:
         path = cli.tmp_path / "export.txt"
         path.write_text("key,capacity,rate\na,1,1\n")
@@ -239,6 +256,12 @@ class StubApi(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         key = self.path.split("/v1/check/", 1)[1].split("?", 1)[0]
+        if key == "garbled":  # a proxy in the way answering something that is not the API
+            self.send_response(200)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"<html>hi<")
+            return
         allowed = key.startswith("ok")
         body = json.dumps({"key": key, "allowed": allowed, "remaining": 1 if allowed else 0, "retry_after_ms": None})
         self.send_response(200 if allowed else 429)
@@ -283,6 +306,11 @@ class TestCheck:
         assert done.returncode == code
         decision = json.loads(done.stdout)
         assert (decision["key"], decision["allowed"]) == (key, allowed)
+
+    def test_answer_that_is_not_json_exits_2_without_a_traceback(self, tmp_path: Path, stub_endpoint: str) -> None:
+        done = sluicegate("check", "garbled", "--endpoint", stub_endpoint, cwd=tmp_path)
+        assert done.returncode == 2
+        assert_clean_error(done)
 
 
 class TestConfiguration:

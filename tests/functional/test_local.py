@@ -1,7 +1,12 @@
-"""`sluicegate local` as a user runs it: a real process tree on 127.0.0.1."""
+"""`sluicegate local` as a user runs it: a real process tree on 127.0.0.1.
+
+The startup/shutdown tests at the end run the supervisor in this process
+(with stand-in partition commands) to control what the partitions do.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -12,19 +17,43 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import child_env, stop, wait_for_line
+from sluicegate import cli
+from sluicegate import local as supervisor
+from sluicegate.config import Config
+from tests.conftest import child_env, stop
 
 TOKEN = "s3cret-admin-token"
 
 
+def read_until(process: subprocess.Popen[str], pattern: str, timeout: float = 15.0) -> tuple[re.Match[str], list[str]]:
+    """Read output lines until one matches ``pattern``: (the match, every line read)."""
+    deadline = time.monotonic() + timeout
+    assert process.stdout is not None
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            if process.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match, seen
+    raise AssertionError(f"{pattern!r} not printed within {timeout}s; got: {''.join(seen)}")
+
+
 class Local:
-    def __init__(self, process: subprocess.Popen[str], port: int) -> None:
+    def __init__(self, process: subprocess.Popen[str], port: int, output: list[str], rules: Path) -> None:
         self.process = process
         self.port = port
+        self.output = output
+        self.rules = rules
 
     def request(
         self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None
@@ -63,9 +92,16 @@ def local(tmp_path: Path) -> Iterator[Local]:
         text=True,
         env=child_env(SLUICEGATE_ADMIN_TOKEN=TOKEN, SLUICEGATE_DEFAULT_CAPACITY="5", SLUICEGATE_DEFAULT_RATE="1"),
     )
-    match = wait_for_line(process, r"http://127\.0\.0\.1:(\d+)")
-    yield Local(process, int(match.group(1)))
+    match, output = read_until(process, r"http://127\.0\.0\.1:(\d+)")
+    yield Local(process, int(match.group(1)), output, rules)
     stop(process)
+
+
+def test_bad_rows_of_the_rules_file_are_reported_like_rules_import(local: Local) -> None:
+    errors = [line for line in local.output if line.startswith(f"{local.rules}:")]
+    assert len(errors) == 1
+    assert errors[0].startswith(f"{local.rules}:3: capacity")
+    assert any(line.startswith(f"loaded 1 rules from {local.rules} (1 bad rows skipped)") for line in local.output)
 
 
 def test_check_answers_json_with_rate_limit_headers(local: Local) -> None:
@@ -179,3 +215,148 @@ def test_sigterm_stops_everything(local: Local) -> None:
     assert stop(local.process) == 0
     for pid in children:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+# ---------------------------------------------------------------------------- startup and shutdown, in process
+
+PYTHON = sys.executable
+EXITS_AT_ONCE = [PYTHON, "-c", "import sys; sys.exit(3)"]
+NEVER_ANSWERS = [PYTHON, "-c", "import time; time.sleep(60)"]
+IGNORES_SIGTERM = [
+    PYTHON,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)",
+]
+
+
+class Started:
+    """Every process PartitionProcess.start launched during a test (with the commands given)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, command: Any) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        real_start = supervisor.PartitionProcess.start
+        real_command = supervisor.PartitionProcess.command
+        started = self
+
+        def patched_command(part: supervisor.PartitionProcess) -> list[str]:
+            return command(part, real_command(part))
+
+        def patched_start(part: supervisor.PartitionProcess) -> None:
+            real_start(part)
+            started.processes.append(part.process)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(supervisor.PartitionProcess, "command", patched_command)
+        monkeypatch.setattr(supervisor.PartitionProcess, "start", patched_start)
+
+    def all_reaped(self) -> bool:
+        return all(process.returncode is not None for process in self.processes)
+
+
+def local_config(tmp_path: Path, partitions: int = 2) -> Config:
+    return Config(port=0, partitions=partitions, db=str(tmp_path / "supervisor.db"))
+
+
+def test_sigterm_during_startup_stops_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = Started(monkeypatch, lambda part, real: NEVER_ANSWERS)
+
+    async def main() -> float:
+        # run_local installs its SIGTERM handler before it first waits, so this stops it cleanly.
+        asyncio.get_running_loop().call_later(1.0, os.kill, os.getpid(), signal.SIGTERM)
+        began = time.monotonic()
+        await asyncio.wait_for(supervisor.run_local(local_config(tmp_path)), 10)
+        return time.monotonic() - began
+
+    elapsed = asyncio.run(main())
+    assert elapsed < 3, f"took {elapsed:.1f}s to stop"
+    assert len(started.processes) == 2
+    assert started.all_reaped()
+
+
+def test_partition_dying_during_startup_is_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first_start: set[int] = set()
+
+    def command(part: supervisor.PartitionProcess, real: list[str]) -> list[str]:
+        if part.index in first_start:
+            return real
+        first_start.add(part.index)
+        return EXITS_AT_ONCE
+
+    started = Started(monkeypatch, command)
+    monkeypatch.setattr(supervisor, "READY_TIMEOUT_S", 20.0)
+
+    async def main() -> None:
+        service = asyncio.ensure_future(supervisor.run_local(local_config(tmp_path)))
+        output = ""
+        while "http://" not in output:
+            assert not service.done(), service.result()
+            await asyncio.sleep(0.05)
+            output += capsys.readouterr().out
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", output).group(1))  # type: ignore[union-attr]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/check/alice HTTP/1.1\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        assert json.loads(await reader.readexactly(length))["fallback"] is False
+        # The connection stays open (keep-alive) and idle: shutdown must close it, not wait for it.
+        began = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await asyncio.wait_for(service, 10)
+        assert time.monotonic() - began < 5
+        writer.close()
+
+    asyncio.run(asyncio.wait_for(main(), 25))
+    assert len(started.processes) == 4  # two that died while starting, two restarted
+    assert started.all_reaped()
+
+
+def test_cli_reports_a_startup_failure_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = Started(monkeypatch, lambda part, real: EXITS_AT_ONCE)
+    monkeypatch.setattr(supervisor, "READY_TIMEOUT_S", 1.5)
+    monkeypatch.setattr("sluicegate.server.__main__.install_event_loop_policy", lambda: None)
+    for name in [name for name in os.environ if name.startswith("SLUICEGATE_")]:
+        monkeypatch.delenv(name)
+    code = cli.main(["local", "--port", "0", "--partitions", "2", "--db", str(tmp_path / "supervisor.db")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err
+    assert "sluicegate: could not start: partition 0 did not answer within 1.5s" in err
+    assert "last with code 3" in err
+    assert started.all_reaped()
+
+
+def test_partitions_are_stopped_together_without_blocking_the_loop(tmp_path: Path) -> None:
+    async def main() -> None:
+        sockets = supervisor.bind_partition_sockets(3)
+        partitions = [supervisor.PartitionProcess(i, sock, "unused.db") for i, sock in enumerate(sockets)]
+        for part in partitions:
+            process = subprocess.Popen(IGNORES_SIGTERM, stdout=subprocess.PIPE)
+            assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+            part.process = process  # type: ignore[assignment]
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        began = time.monotonic()
+        await supervisor.stop_partitions(partitions, grace_s=0.6)
+        elapsed = time.monotonic() - began
+        ticker.cancel()
+        assert 0.55 < elapsed < 1.5, f"{elapsed:.2f}s: the grace period is shared, not one per partition"
+        assert ticks >= 8, "the event loop was blocked while waiting"
+        assert all(part.process.returncode == -signal.SIGKILL for part in partitions)  # type: ignore[union-attr]
+        for part in partitions:
+            part.process.stdout.close()  # type: ignore[union-attr]
+        for sock in sockets:
+            sock.close()
+
+    asyncio.run(main())

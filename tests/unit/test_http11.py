@@ -141,7 +141,9 @@ class TestParseRequest:
             b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
             b"POST / HTTP/1.1\r\nContent-Length: 1 2\r\n\r\n",
             b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",  # latin-1 superscript two: isdigit() but not a number
+            b"POST / HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",  # more digits than int() takes
         ],
+        ids=lambda head: repr(head[:60]),
     )
     def test_malformed_is_400(self, head: bytes) -> None:
         with pytest.raises(FramingError) as info:
@@ -184,8 +186,8 @@ Handler = Callable[[HttpRequest], "HttpResponse | Awaitable[HttpResponse]"]
 
 
 @asynccontextmanager
-async def server(handler: Handler) -> AsyncIterator[Callable[[], Awaitable[tuple[Any, Any]]]]:
-    srv = await serve_http(handler, "127.0.0.1", 0)
+async def server(handler: Handler, **options: Any) -> AsyncIterator[Callable[[], Awaitable[tuple[Any, Any]]]]:
+    srv = await serve_http(handler, "127.0.0.1", 0, **options)
     host, port = srv.sockets[0].getsockname()[:2]
     assert host == "127.0.0.1"
     writers: list[asyncio.StreamWriter] = []
@@ -402,3 +404,115 @@ def test_two_content_lengths_are_rejected() -> None:
     with pytest.raises(FramingError) as raised:
         parse_request(buffer)
     assert raised.value.status == 400
+
+
+class TestIdleTimeout:
+    def test_partial_request_gets_408_and_the_connection_closes(self) -> None:
+        async def main() -> None:
+            async with server(echo, idle_timeout_s=0.3) as connect:
+                reader, writer = await connect()
+                writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n")  # never finished
+                response = await asyncio.wait_for(read_response(reader), 3)
+                assert response.status == 408
+                assert response.headers["connection"] == "close"
+                assert await read_until_closed(reader) == b""
+
+        run(main())
+
+    def test_trickling_headers_do_not_keep_the_connection(self) -> None:
+        async def main() -> None:
+            async with server(echo, idle_timeout_s=0.3) as connect:
+                reader, writer = await connect()
+                loop = asyncio.get_running_loop()
+                start = loop.time()
+                writer.write(b"GET / HTTP/1.1\r\n")
+                closed = asyncio.ensure_future(read_until_closed(reader))
+                for _ in range(20):  # a header line every 0.1 s: bytes arrive, but no request completes
+                    if closed.done():
+                        break
+                    writer.write(b"X-Slow: 1\r\n")
+                    await asyncio.sleep(0.1)
+                assert b" 408 " in await closed
+                assert loop.time() - start < 1.5
+
+        run(main())
+
+    def test_idle_keep_alive_connection_is_closed_without_an_answer(self) -> None:
+        async def main() -> None:
+            async with server(echo, idle_timeout_s=0.3) as connect:
+                reader, writer = await connect()
+                for i in range(3):  # requests keep it open past the timeout
+                    writer.write(f"GET /n/{i} HTTP/1.1\r\n\r\n".encode())
+                    assert (await read_response(reader)).status == 200
+                    await asyncio.sleep(0.2)
+                assert await asyncio.wait_for(reader.read(), 3) == b""
+
+        run(main())
+
+    def test_a_slow_answer_is_not_cut_off(self) -> None:
+        async def main() -> None:
+            async def slow(request: HttpRequest) -> HttpResponse:
+                await asyncio.sleep(0.6)
+                return HttpResponse(200, b"late")
+
+            async with server(slow, idle_timeout_s=0.2) as connect:
+                reader, writer = await connect()
+                writer.write(b"GET /x HTTP/1.1\r\n\r\n")
+                assert (await asyncio.wait_for(read_response(reader), 3)).body == b"late"
+
+        run(main())
+
+
+class TestShutdown:
+    def test_idle_closed_at_once_in_flight_answered_then_closed(self) -> None:
+        async def main() -> None:
+            release = asyncio.Event()
+            busy = []
+
+            async def handler(request: HttpRequest) -> HttpResponse:
+                busy.append(request)
+                await release.wait()
+                return HttpResponse(200, b"done")
+
+            srv = await serve_http(handler, "127.0.0.1", 0)
+            address = srv.sockets[0].getsockname()[:2]
+            idle_reader, idle_writer = await asyncio.open_connection(*address)
+            busy_reader, busy_writer = await asyncio.open_connection(*address)
+            busy_writer.write(b"GET /x HTTP/1.1\r\n\r\n")
+            while len(srv.connections) < 2 or not busy:
+                await asyncio.sleep(0.01)
+            shutdown = asyncio.ensure_future(srv.shutdown(grace_s=5))
+            assert await read_until_closed(idle_reader) == b""  # the idle one goes first
+            assert not shutdown.done()
+            release.set()
+            assert (await read_response(busy_reader)).body == b"done"
+            assert await read_until_closed(busy_reader) == b""
+            await asyncio.wait_for(shutdown, 2)
+            with pytest.raises(OSError):
+                await asyncio.open_connection(*address)
+            for writer in (idle_writer, busy_writer):
+                writer.close()
+
+        run(main())
+
+    def test_requests_still_running_after_the_grace_period_are_cut(self) -> None:
+        async def main() -> None:
+            started = asyncio.Event()
+
+            async def never(request: HttpRequest) -> HttpResponse:
+                started.set()
+                await asyncio.sleep(60)
+                raise AssertionError("not reached")
+
+            srv = await serve_http(never, "127.0.0.1", 0)
+            reader, writer = await asyncio.open_connection(*srv.sockets[0].getsockname()[:2])
+            writer.write(b"GET /x HTTP/1.1\r\n\r\n")
+            await started.wait()
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await srv.shutdown(grace_s=0.3)
+            assert 0.25 < loop.time() - start < 2
+            assert not srv.connections
+            writer.close()
+
+        run(main())

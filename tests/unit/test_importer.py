@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.importer import detect_format, read_rules
+from sluicegate import importer
+from sluicegate.importer import ImportSummary, detect_format, import_rules, read_rules
 from sluicegate.rules import Rule, RuleError
+from sluicegate.store.sqlite import SqliteRuleStore
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -138,6 +140,54 @@ class TestJson:
         assert good == [(5, Rule("alice", 10, 1))]
         assert list(bad) == [6]
 
+    def test_rules_as_a_value_before_the_rules_member(self, tmp_path: Path) -> None:
+        # A naive text search finds the first "rules" (here a value) and the wrong array after it.
+        text = """{"comment": "rules", "tags": [1, 2],
+ "rules": [
+  {"key": "a", "capacity": 1, "rate": 1},
+  {"key": "b", "capacity": -1, "rate": 1},
+  {"key": "c", "capacity": 3, "rate": 1}
+ ]}"""
+        good, bad = split(write(tmp_path, "rules.json", text))
+        assert good == [(3, Rule("a", 1, 1)), (5, Rule("c", 3, 1))]
+        assert list(bad) == [4]
+
+    def test_rules_inside_another_member_and_as_a_key_in_a_string(self, tmp_path: Path) -> None:
+        text = """{
+  "meta": {"rules": [{"x": 1}], "note": "\\"rules\\": ["},
+  "rules": [
+    {"key": "a", "capacity": 1, "rate": 1},
+
+    {"key": "b", "capacity": 2, "rate": "x"}
+  ]
+}"""
+        good, bad = split(write(tmp_path, "rules.json", text))
+        assert good == [(4, Rule("a", 1, 1))]
+        assert list(bad) == [6]
+
+    def test_repeated_rules_member_uses_the_last_like_json_does(self, tmp_path: Path) -> None:
+        text = '{"rules": [{"key": "old", "capacity": 1, "rate": 1}],\n"rules": [\n{"key": "new", "capacity": -1}]}'
+        rows = list(read_rules(write(tmp_path, "rules.json", text)))
+        assert [line for line, _ in rows] == [3]
+        assert isinstance(rows[0][1], RuleError)
+
+    def test_unfindable_positions_fall_back_to_item_numbers(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def lost(text: str, count: int) -> list[int]:
+            raise ValueError("cannot find the items")
+
+        monkeypatch.setattr(importer, "_json_item_lines", lost)
+        text = '[{"key": "a", "capacity": 1, "rate": 1}, {"key": "b", "capacity": -1, "rate": 1}]'
+        rows = list(read_rules(write(tmp_path, "rules.json", text)))
+        assert [where for where, _ in rows] == ["item 1", "item 2"]
+        assert rows[0][1] == Rule("a", 1, 1)
+        assert isinstance(rows[1][1], RuleError)
+
+    def test_deeply_nested_file_is_a_whole_file_error(self, tmp_path: Path) -> None:
+        with pytest.raises(RuleError, match="nested too deeply"):
+            list(read_rules(write(tmp_path, "rules.json", "[" * 100_000 + "]" * 100_000)))
+
     def test_nested_values_inside_items_do_not_shift_lines(self, tmp_path: Path) -> None:
         items = [{"key": f"k{i}", "capacity": i, "rate": 1} for i in range(5)]
         items[2]["capacity"] = "[not, a, number]"
@@ -259,3 +309,39 @@ class TestFormat:
         assert split(path, "csv") == ([(2, Rule("a", 1, 1))], {})
         with pytest.raises(RuleError, match="unknown format 'xml'"):
             list(read_rules(path, "xml"))
+
+
+class TestImportRules:
+    def test_streams_good_rows_reports_bad_ones_with_file_and_line(self, tmp_path: Path) -> None:
+        path = write(tmp_path, "rules.csv", "key,capacity,rate\n" + "".join(f"k{i},{i - 1},1\n" for i in range(2500)))
+        store = SqliteRuleStore(str(tmp_path / "rules.db"))
+        bad: list[str] = []
+        seen: list[tuple[int, int, int]] = []
+        try:
+            summary = import_rules(
+                store, path, on_bad=bad.append, progress=lambda s: seen.append((s.stored, s.rows, s.bad))
+            )
+            assert summary == ImportSummary(stored=2499, rows=2500, bad=1)
+            assert len(bad) == 1
+            assert bad[0].startswith(f"{path}:2: capacity ")
+            assert len(seen) > 1  # several batches, each reported as it is stored
+            assert seen[-1] == (2499, 2500, 1)
+            assert [stored for stored, _, _ in seen] == sorted(stored for stored, _, _ in seen)
+            assert store.get_rule("k2499") == Rule("k2499", 2498, 1)
+        finally:
+            store.close()
+
+    def test_item_numbers_when_lines_are_unknown(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        def lost(text: str, count: int) -> list[int]:
+            raise ValueError("cannot find the items")
+
+        monkeypatch.setattr(importer, "_json_item_lines", lost)
+        path = write(tmp_path, "rules.json", '[{"key": "a", "capacity": -1, "rate": 1}]')
+        store = SqliteRuleStore(str(tmp_path / "rules.db"))
+        bad: list[str] = []
+        try:
+            assert import_rules(store, path, on_bad=bad.append).bad == 1
+        finally:
+            store.close()
+        assert len(bad) == 1
+        assert bad[0].startswith(f"{path}: item 1: capacity ")
