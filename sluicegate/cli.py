@@ -58,6 +58,9 @@ def _parser(config: Config) -> argparse.ArgumentParser:
     bulk.add_argument("file", type=Path)
     bulk.add_argument("--format", choices=FORMATS, help="default: from the file extension")
 
+    migrate = commands.add_parser("migrate", help="create the store's tables/schema if missing (SLUICEGATE_STORE)")
+    migrate.add_argument("--db", default=config.db, help="SQLite file (default %(default)s)")
+
     check = commands.add_parser("check", help="ask a running service whether KEY may spend COST")
     check.add_argument("key")
     check.add_argument("--cost", type=int, default=1)
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             return _local(args, config)
         if args.command == "rules":
             return _rules(args, config)
+        if args.command == "migrate":
+            return _migrate(args, config)
         return _check(args)
     except (ConfigError, RuleError, StoreError, OSError, ValueError) as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
@@ -100,6 +105,16 @@ def _local(args: argparse.Namespace, config: Config) -> int:
         print("sluicegate: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _migrate(args: argparse.Namespace, config: Config) -> int:
+    store = store_from_config(config, db=args.db)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+    print(f"sluicegate: the {config.store} store is ready", file=sys.stderr)
+    return EXIT_ALLOWED
 
 
 def _rules(args: argparse.Namespace, config: Config) -> int:

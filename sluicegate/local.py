@@ -176,6 +176,7 @@ async def stop_partitions(partitions: list[PartitionProcess], grace_s: float = S
 async def run_local(config: Config, *, rules_file: Path | None = None) -> None:
     store = store_from_config(config)
     try:
+        store.migrate()  # one command on a laptop: create the tables of whichever store is configured
         if rules_file is not None:
             summary = import_rules(store, rules_file, on_bad=lambda message: print(message, file=sys.stderr))
             skipped = f" ({summary.bad} bad rows skipped)" if summary.bad else ""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from sluicegate.server.keeper import SYNC_OVERLAP_S, StoreKeeper
 from sluicegate.server.partition import Partition
 from sluicegate.server.udp import serve_partition
 from sluicegate.store import Checkpoint, RuleChange, RuleStore, StoreUnavailable
+from sluicegate.store import open_store as open_store_kind
+from tests.conftest import child_env
 from tests.stores import BACKENDS
 
 SYNC_S = 0.2
@@ -196,3 +201,37 @@ def test_store_outage_keeps_deciding_and_heals(
     outage_logs = [r for r in caplog.records if "store unavailable" in r.getMessage()]
     assert len(outage_logs) == 1  # logged once, not per request
     assert any("available again" in r.getMessage() for r in caplog.records)
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluicegate.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.fixture(params=["postgres", "dynamodb"])
+def store_env(request: pytest.FixtureRequest) -> tuple[dict[str, str], Callable[[], RuleStore]]:
+    """Environment pointing the CLI at a fresh PostgreSQL schema / DynamoDB tables, and an opener for checks."""
+    if request.param == "postgres":
+        dsn = request.getfixturevalue("postgres_dsn")
+        env = child_env(SLUICEGATE_STORE="postgres", SLUICEGATE_POSTGRES_DSN=dsn)
+        return env, lambda: open_store_kind("postgres", dsn=dsn)
+    tables = request.getfixturevalue("dynamodb_server_tables")
+    return child_env(**tables.env()), tables.open
+
+
+def test_cli_migrates_and_bulk_imports_into_each_backend(
+    store_env: tuple[dict[str, str], Callable[[], RuleStore]], tmp_path: Path
+) -> None:
+    env, open_ = store_env
+    assert _cli("migrate", env=env).returncode == 0
+    assert _cli("migrate", env=env).returncode == 0  # idempotent
+    rows = "".join(f"user-{i},{i % 50 + 1},1.5\n" for i in range(1200))
+    source = tmp_path / "rules.csv"
+    source.write_text("key,capacity,rate\n" + rows + "broken,-1,1\n")
+    done = _cli("rules", "import", str(source), env=env)
+    assert done.returncode == 1  # one bad row
+    assert f"{source}:1202:" in done.stderr and "imported 1200 rules" in done.stderr
+    store = open_()
+    assert store.get_rule("user-7") == Rule("user-7", 8, 1.5)
+    assert len(list(store.iter_rules(prefix="user-"))) == 1200
