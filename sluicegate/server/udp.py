@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Any
 
 from sluicegate import datagram
 from sluicegate.server.keeper import Clock, StoreKeeper
@@ -29,22 +30,13 @@ class PartitionServer:
         sock: socket.socket,
         *,
         clock: Clock = time.monotonic_ns,
-        wall_clock: Clock = time.time_ns,
-        sync_interval_s: float = 1.0,
-        checkpoint_interval_s: float = 1.0,
+        **keeper_options: Any,
     ) -> None:
+        """``keeper_options``: see :class:`StoreKeeper` (wall_clock, sync_interval_s, checkpoint_interval_s)."""
         self.partition = partition
         self.sock = sock
         self.clock = clock
-        self.keeper = StoreKeeper(
-            partition,
-            store,
-            self._send,
-            clock=clock,
-            wall_clock=wall_clock,
-            sync_interval_s=sync_interval_s,
-            checkpoint_interval_s=checkpoint_interval_s,
-        )
+        self.keeper = StoreKeeper(partition, store, self._send, clock=clock, **keeper_options)
         datagram.prepare(sock)
 
     @property
@@ -86,16 +78,13 @@ async def serve_partition(
     *,
     listen: tuple[str, int] | None = None,
     sock: socket.socket | None = None,
-    **options: object,
+    **options: Any,
 ) -> tuple[PartitionServer, tuple[str, int]]:
-    """Start serving on ``listen`` (host, port) or an already bound ``sock``.
-
-    ``options``: ``clock``, ``wall_clock``, ``sync_interval_s``, ``checkpoint_interval_s``.
-    """
+    """Start serving on ``listen`` (host, port) or an already bound ``sock``; ``options`` as for PartitionServer."""
     if sock is None:
         if listen is None:
             raise ValueError("give listen=(host, port) or a bound sock")
         sock = datagram.open_socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET, listen)
-    server = PartitionServer(partition, store, sock, **options)  # type: ignore[arg-type]
+    server = PartitionServer(partition, store, sock, **options)
     server.start()
     return server, server.address

@@ -18,11 +18,13 @@ Two kinds of data:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sluicegate.rules import Rule, RuleError, validate_key
 
@@ -76,6 +78,9 @@ def change_times(count: int) -> list[float]:
     return times
 
 
+_Keyed = TypeVar("_Keyed", Rule, Checkpoint)
+
+
 class RuleStore(ABC):
     """Rules by key. Thread-safe for one writer at a time per backend."""
 
@@ -90,12 +95,7 @@ class RuleStore(ABC):
 
     def get_rules(self, keys: Iterable[str]) -> dict[str, Rule]:
         """Rules of the ``keys`` that have one (keys without a rule are absent)."""
-        wanted = [validate_key(key) for key in dict.fromkeys(keys)]
-        found: dict[str, Rule] = {}
-        for start in range(0, len(wanted), DEFAULT_BATCH):
-            with self._driver_errors_mapped():
-                found.update((rule.key, rule) for rule in self._fetch(wanted[start : start + DEFAULT_BATCH]))
-        return found
+        return {rule.key: rule for rule in self._read_in_batches(keys, self._fetch)}
 
     def put_rule(self, rule: Rule) -> None:
         """Create or replace one rule."""
@@ -109,29 +109,43 @@ class RuleStore(ABC):
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Create or replace many rules in batches; ``progress(n_done)`` after each batch."""
+
+        def checked(items: Iterable[Rule]) -> Iterator[Rule]:
+            for rule in items:
+                if not isinstance(rule, Rule):
+                    raise TypeError("put_rules takes Rule objects")
+                yield rule
+
+        return self._write_in_batches(checked(rules), self._write, batch_size, progress)
+
+    def _write_in_batches(
+        self,
+        items: Iterable[_Keyed],
+        write: Callable[[list[_Keyed]], None],
+        batch_size: int = DEFAULT_BATCH,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """``write`` the items batch by batch; returns how many were given."""
         done = 0
-        batch: list[Rule] = []
-        for rule in rules:
-            if not isinstance(rule, Rule):
-                raise TypeError("put_rules takes Rule objects")
-            batch.append(rule)
-            if len(batch) >= batch_size:
-                done += self._write_batch(batch)
-                batch = []
-                if progress:
-                    progress(done)
-        if batch:
-            done += self._write_batch(batch)
+        iterator = iter(items)
+        while batch := list(itertools.islice(iterator, batch_size)):
+            # Last write wins inside one batch, as it would across batches.
+            unique = list({item.key: item for item in batch}.values())
+            with self._driver_errors_mapped():
+                write(unique)
+            done += len(batch)
             if progress:
                 progress(done)
         return done
 
-    def _write_batch(self, batch: Sequence[Rule]) -> int:
-        # Last write wins inside one batch, as it would across batches.
-        unique = list({rule.key: rule for rule in batch}.values())
-        with self._driver_errors_mapped():
-            self._write(unique)
-        return len(batch)
+    def _read_in_batches(self, keys: Iterable[str], fetch: Callable[[list[str]], Iterable[_Keyed]]) -> list[_Keyed]:
+        """What ``fetch`` returns for the distinct, validated ``keys``, a batch at a time."""
+        wanted = [validate_key(key) for key in dict.fromkeys(keys)]
+        found: list[_Keyed] = []
+        for start in range(0, len(wanted), DEFAULT_BATCH):
+            with self._driver_errors_mapped():
+                found.extend(fetch(wanted[start : start + DEFAULT_BATCH]))
+        return found
 
     def delete_rule(self, key: str) -> bool:
         """Delete the rule for ``key``; True if there was one."""
@@ -169,36 +183,16 @@ class RuleStore(ABC):
             return self._changes(since, limit)
 
     def put_checkpoints(self, checkpoints: Iterable[Checkpoint]) -> int:
-        """Create or replace checkpoints, in batches; returns how many were written."""
-        batch: list[Checkpoint] = []
-        done = 0
-        for checkpoint in checkpoints:
-            batch.append(checkpoint)
-            if len(batch) >= DEFAULT_BATCH:
-                done += self._write_checkpoint_batch(batch)
-                batch = []
-        if batch:
-            done += self._write_checkpoint_batch(batch)
-        return done
-
-    def _write_checkpoint_batch(self, batch: Sequence[Checkpoint]) -> int:
-        unique = list({checkpoint.key: checkpoint for checkpoint in batch}.values())
-        with self._driver_errors_mapped():
-            self._write_checkpoints(unique)
-        return len(unique)
+        """Create or replace checkpoints, in batches; returns how many were given."""
+        return self._write_in_batches(checkpoints, self._write_checkpoints)
 
     def get_checkpoints(self, keys: Iterable[str], now_ns: int) -> dict[str, Checkpoint]:
         """The checkpoints of ``keys`` still valid at ``now_ns`` (expired ones count as missing)."""
-        wanted = [validate_key(key) for key in dict.fromkeys(keys)]
-        found: dict[str, Checkpoint] = {}
-        for start in range(0, len(wanted), DEFAULT_BATCH):
-            with self._driver_errors_mapped():
-                found.update(
-                    (checkpoint.key, checkpoint)
-                    for checkpoint in self._fetch_checkpoints(wanted[start : start + DEFAULT_BATCH])
-                    if checkpoint.expires_ns > now_ns
-                )
-        return found
+        return {
+            checkpoint.key: checkpoint
+            for checkpoint in self._read_in_batches(keys, self._fetch_checkpoints)
+            if checkpoint.expires_ns > now_ns
+        }
 
     def sweep(self, now_ns: int) -> int:
         """Delete expired checkpoints (stores without a TTL of their own); returns how many."""

@@ -71,12 +71,14 @@ class SqliteRuleStore(RuleStore):
                 raise
             self._db.execute("COMMIT")
 
-    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]:
+    def _rows_of(self, select: str, keys: Sequence[str]) -> list[tuple]:
+        """Rows of ``select`` (which ends in ``WHERE``) for the given keys."""
         marks = ",".join("?" * len(keys))
-        query = f"SELECT key, capacity, rate FROM rules WHERE key IN ({marks}) AND {_LIVE}"
         with self._lock:
-            rows = self._db.execute(query, keys).fetchall()
-        return [Rule(*row) for row in rows]
+            return self._db.execute(f"{select} key IN ({marks})", keys).fetchall()
+
+    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]:
+        return [Rule(*row) for row in self._rows_of(f"SELECT key, capacity, rate FROM rules WHERE {_LIVE} AND", keys)]
 
     def _write(self, rules: Sequence[Rule]) -> None:
         rows = [
@@ -134,11 +136,10 @@ class SqliteRuleStore(RuleStore):
             )
 
     def _fetch_checkpoints(self, keys: Sequence[str]) -> Iterable[Checkpoint]:
-        marks = ",".join("?" * len(keys))
-        query = f"SELECT key, credit, at_ns, expires_ns FROM checkpoints WHERE key IN ({marks})"
-        with self._lock:
-            rows = self._db.execute(query, keys).fetchall()
-        return [Checkpoint(*row) for row in rows]
+        return [
+            Checkpoint(*row)
+            for row in self._rows_of("SELECT key, credit, at_ns, expires_ns FROM checkpoints WHERE", keys)
+        ]
 
     def _sweep(self, now_ns: int) -> int:
         with self._lock:

@@ -25,7 +25,7 @@ import pytest
 from sluicegate import cli
 from sluicegate import local as supervisor
 from sluicegate.config import Config
-from tests.conftest import child_env, stop
+from tests.conftest import child_env, children_of, stop
 
 TOKEN = "s3cret-admin-token"
 
@@ -67,16 +67,7 @@ class Local:
         return response.status, dict(response.getheaders()), json.loads(raw) if raw else None
 
     def children(self) -> list[int]:
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid:
-                    pids.append(int(entry))
-        return pids
+        return children_of(self.process.pid)
 
 
 @pytest.fixture
