@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"partition {args.partition}: %(levelname)s %(message)s")
     config = Config.from_env()
     install_event_loop_policy()
+    # The store thread's Python work (checkpoint rows) must not hold the GIL away from
+    # the loop for the default 5 ms at a time.
+    sys.setswitchinterval(0.001)
     asyncio.run(run(args, config))
     return 0
 

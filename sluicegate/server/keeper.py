@@ -36,6 +36,7 @@ Send = Callable[[bytes, Address], None]
 T = TypeVar("T")
 SYNC_OVERLAP_S = 2.0  # re-read changes this far back: tolerates writers' clock skew and slow commits
 MAX_BACKOFF_S = 30.0
+CHECKPOINT_CHUNK = 2000  # buckets taken per store call (bounds the time the loop spends on it)
 SWEEP_EVERY = 60  # checkpoint rounds between sweeps of expired checkpoints (SQL stores)
 
 
@@ -182,12 +183,32 @@ class StoreKeeper:
                 delay = min(MAX_BACKOFF_S, delay * 2)
 
     async def write_checkpoints(self) -> int:
-        """Write the credit of every bucket spent since the last round; returns how many."""
-        taken = self.partition.take_checkpoints(self.clock())
-        if not taken:
-            return 0
-        offset = self.wall_clock() - self.clock()
-        checkpoints = [
+        """Write the credit of every bucket spent since the last round; returns how many.
+
+        A chunk at a time: the loop serves checks while the store thread builds
+        and writes each chunk, so a partition with many busy keys does not stall.
+        """
+        written = 0
+        # Only what was dirty when the round began: keys spent meanwhile wait for the next
+        # round, or a busy partition would keep the store thread writing forever.
+        budget = self.partition.dirty_count
+        while budget > 0:
+            chunk = min(CHECKPOINT_CHUNK, budget)
+            budget -= chunk
+            taken = self.partition.take_checkpoints(self.clock(), limit=chunk)
+            if not taken:
+                continue
+            try:
+                written += await self._call(self._write_taken, taken, self.wall_clock() - self.clock())
+            except StoreError:
+                # Not lost: the next round takes these keys' newest credit.
+                self.partition.mark_dirty(key for key, *_ in taken)
+                raise
+        return written
+
+    def _write_taken(self, taken: list[tuple[bytes, int, int, int]], offset: int) -> int:
+        # On the store thread: mono -> wall times, and the objects the store wants.
+        return self.store.put_checkpoints(
             Checkpoint(
                 key.decode("utf-8"),
                 credit,
@@ -195,13 +216,7 @@ class StoreKeeper:
                 NEVER_EXPIRES_NS if full_at == NEVER_FULL else full_at + offset,
             )
             for key, credit, at, full_at in taken
-        ]
-        try:
-            return await self._call(self.store.put_checkpoints, checkpoints)
-        except StoreError:
-            # Not lost: the next round takes these keys' newest credit.
-            self.partition.mark_dirty(key for key, *_ in taken)
-            raise
+        )
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         """Stop the loops and write the last checkpoints (what SIGTERM on Fargate gives time for)."""

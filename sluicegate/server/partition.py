@@ -258,8 +258,11 @@ class Partition:
             bucket.set_rule(rule, now_ns)
             self._dirty.add(key)  # the credit may have been clamped
 
-    def take_checkpoints(self, now_ns: int) -> list[tuple[bytes, int, int, int]]:
-        """``(key, credit, at_ns, full_at_ns)`` of every bucket spent since the last call and not full.
+    def take_checkpoints(self, now_ns: int, limit: int | None = None) -> list[tuple[bytes, int, int, int]]:
+        """``(key, credit, at_ns, full_at_ns)`` of buckets spent since they were last taken and not full.
+
+        At most ``limit`` keys are taken per call (the rest stay for the next
+        call), so that the caller can interleave the work with serving checks.
 
         ``full_at_ns`` is when the bucket will be full again (``NEVER_FULL`` if it
         never refills): from then on the checkpoint is void, as a missing one
@@ -267,7 +270,12 @@ class Partition:
         """
         out = []
         buckets = self.buckets
-        for key in self._dirty:
+        dirty = self._dirty
+        if limit is None or limit >= len(dirty):
+            keys, self._dirty = dirty, set()
+        else:
+            keys = [dirty.pop() for _ in range(limit)]
+        for key in keys:
             bucket = buckets.get(key)
             if bucket is None:
                 continue
@@ -278,8 +286,12 @@ class Partition:
                 continue
             full_at = NEVER_FULL if rule.rate <= 0 else bucket.stamp + math.ceil(missing / rule.rate)
             out.append((key, bucket.credit, bucket.stamp, full_at))
-        self._dirty = set()
         return out
+
+    @property
+    def dirty_count(self) -> int:
+        """Buckets spent since they were last taken for a checkpoint."""
+        return len(self._dirty)
 
     def mark_dirty(self, keys: Iterable[bytes]) -> None:
         """Checkpoint these keys again next time (their last write failed)."""

@@ -18,7 +18,7 @@ import pytest
 
 from sluicegate.rules import Rule, RuleError
 from sluicegate.store import RuleStore, StoreError, StoreUnavailable, open_store
-from sluicegate.store.base import DEFAULT_BATCH, Checkpoint
+from sluicegate.store.base import CHECKPOINT_BATCH, DEFAULT_BATCH, Checkpoint
 from sluicegate.store.postgres import PostgresRuleStore, _prefix_end
 from tests.pgserver import PostgresServer, free_port
 
@@ -197,9 +197,9 @@ class TestBatches:
             store.put_rules(Rule(f"k{i}", i + 1, 2) for i in range(DEFAULT_BATCH))  # all updates: still one statement
             assert counts() == {"rules": 1}
             assert store.get_rule("k7") == Rule("k7", 8, 2)
-            store.put_checkpoints(Checkpoint(f"k{i}", i, 0, 10**12) for i in range(DEFAULT_BATCH + 1))
+            store.put_checkpoints(Checkpoint(f"k{i}", i, 0, 10**12) for i in range(CHECKPOINT_BATCH + 1))
             assert counts() == {"checkpoints": 2}
-            assert len(store.get_checkpoints([f"k{i}" for i in range(DEFAULT_BATCH + 1)], 0)) == DEFAULT_BATCH + 1
+            assert len(store.get_checkpoints([f"k{i}" for i in range(CHECKPOINT_BATCH + 1)], 0)) == CHECKPOINT_BATCH + 1
 
     def test_sweep_deletes_expired_checkpoints_and_counts_them(self, stores: Callable[..., PostgresRuleStore]) -> None:
         store = stores()

@@ -109,3 +109,17 @@ def test_stats_op_reports_counters() -> None:
     _, counters = codec.decode_stats_reply(p.receive_datagram(codec.encode_stats_request(2), ADDR, 0))
     assert counters["checks"] == 2 and counters["allowed"] == 1 and counters["denied"] == 1 and counters["keys"] == 1
     assert counters["datagrams"] == 2  # the two checks shared one datagram; the stats request is the other
+
+
+def test_checkpoints_are_taken_in_chunks_each_dirty_key_once() -> None:
+    p = Partition(default_rule=default_rule(10, 1))
+    keys = [b"k%d" % i for i in range(25)]
+    ask(p, 1, [(key, 1) for key in keys])
+    loaded(p, dict.fromkeys(keys))
+    chunks = []
+    while chunk := p.take_checkpoints(0, limit=10):
+        chunks.append(chunk)
+    assert [len(chunk) for chunk in chunks] == [10, 10, 5]
+    assert sorted(key for chunk in chunks for key, *_ in chunk) == sorted(keys)
+    assert all(credit == 9 * 10**9 and full_at == 10**9 for chunk in chunks for _, credit, _, full_at in chunk)
+    assert p.take_checkpoints(0) == []  # nothing spent since
