@@ -36,10 +36,11 @@ def child_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def wait_for_line(process: subprocess.Popen[str], pattern: str, timeout: float = 15.0) -> re.Match[str]:
+def read_until(process: subprocess.Popen[str], pattern: str, timeout: float = 15.0) -> tuple[re.Match[str], list[str]]:
+    """Read output lines until one matches ``pattern``: (the match, every line read)."""
     deadline = time.monotonic() + timeout
     assert process.stdout is not None
-    seen = []
+    seen: list[str] = []
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line:
@@ -49,8 +50,12 @@ def wait_for_line(process: subprocess.Popen[str], pattern: str, timeout: float =
         seen.append(line)
         match = re.search(pattern, line)
         if match:
-            return match
+            return match, seen
     raise AssertionError(f"{pattern!r} not printed within {timeout}s; got: {''.join(seen)}")
+
+
+def wait_for_line(process: subprocess.Popen[str], pattern: str, timeout: float = 15.0) -> re.Match[str]:
+    return read_until(process, pattern, timeout)[0]
 
 
 def stop(process: subprocess.Popen[str], timeout: float = 10.0) -> int:

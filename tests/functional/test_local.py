@@ -25,27 +25,9 @@ import pytest
 from sluicegate import cli
 from sluicegate import local as supervisor
 from sluicegate.config import Config
-from tests.conftest import child_env, children_of, stop
+from tests.conftest import child_env, children_of, read_until, stop
 
 TOKEN = "s3cret-admin-token"
-
-
-def read_until(process: subprocess.Popen[str], pattern: str, timeout: float = 15.0) -> tuple[re.Match[str], list[str]]:
-    """Read output lines until one matches ``pattern``: (the match, every line read)."""
-    deadline = time.monotonic() + timeout
-    assert process.stdout is not None
-    seen: list[str] = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            if process.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match, seen
-    raise AssertionError(f"{pattern!r} not printed within {timeout}s; got: {''.join(seen)}")
 
 
 class Local:
