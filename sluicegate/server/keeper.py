@@ -2,15 +2,18 @@
 
 * **Lazy loads**: the first check of a key loads its rule and checkpoint (a
   restarted server resumes from the checkpointed credit plus the refill
-  since).
+  since, under the rule now in force).
 * **Rule sync**: every sync interval, read the rules that changed since the
-  last sync (cost: what changed, not what is held) and apply them to held keys.
-* **Checkpoints**: every checkpoint interval, write the credit of buckets spent
-  since the last round; :meth:`StoreKeeper.flush` writes the last ones on
+  previous sync began (minus an overlap for writers' clock skew and slow
+  commits) and apply them to held keys: the cost is what changed, not what is
+  held.
+* **Checkpoints**: at a fixed rate, write the credit of the buckets spent
+  since the previous round; :meth:`StoreKeeper.flush` writes the last ones on
   shutdown.
-* **Outages**: when the store fails, keep deciding with the rules held, give
-  new keys the default rule and reload them later, keep unwritten checkpoints
-  dirty and retry with backoff; log the outage once and count every failure.
+* **Outages**: when the store is unavailable, keep deciding with the rules
+  held, give new keys the default rule and reload them until a reload works,
+  keep unwritten checkpoints dirty and retry with backoff; log the outage at
+  most once a minute and count every failure.
 
 All store calls run on one worker thread, in order, off the event loop.
 """
@@ -27,7 +30,7 @@ from typing import Any, TypeVar
 
 from sluicegate.rules import RuleError
 from sluicegate.server.partition import NEVER_FULL, Address, Partition
-from sluicegate.store import Checkpoint, RuleStore, StoreError
+from sluicegate.store import Checkpoint, RuleStore, StoreError, StoreUnavailable
 from sluicegate.store.base import MAX_LIST, NEVER_EXPIRES_NS
 
 log = logging.getLogger("sluicegate.server")
@@ -36,6 +39,7 @@ Send = Callable[[bytes, Address], None]
 T = TypeVar("T")
 SYNC_OVERLAP_S = 2.0  # re-read changes this far back: tolerates writers' clock skew and slow commits
 MAX_BACKOFF_S = 30.0
+LOG_EVERY_S = 60.0  # store problems are logged at most this often
 CHECKPOINT_CHUNK = 2000  # buckets taken per store call (bounds the time the loop spends on it)
 SWEEP_EVERY = 60  # checkpoint rounds between sweeps of expired checkpoints (SQL stores)
 
@@ -53,6 +57,7 @@ class StoreKeeper:
         wall_clock: Clock = time.time_ns,
         sync_interval_s: float = 1.0,
         checkpoint_interval_s: float = 1.0,
+        sync_overlap_s: float = SYNC_OVERLAP_S,
     ) -> None:
         self.partition = partition
         self.store = store
@@ -61,37 +66,43 @@ class StoreKeeper:
         self.wall_clock = wall_clock
         self.sync_interval_s = sync_interval_s
         self.checkpoint_interval_s = checkpoint_interval_s
+        self.sync_overlap_s = sync_overlap_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._loader: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._provisional: set[bytes] = set()  # keys given the default rule during an outage
-        self._watermark = wall_clock() / 1e9  # rules loaded from now on are fresh
+        self._provisional: set[bytes] = set()  # keys on the default rule until a reload works
+        self._synced_at = wall_clock() / 1e9  # rules loaded from now on are fresh
         self.store_down = False
         self._store_back = asyncio.Event()  # wakes the checkpoint loop out of its backoff
+        self._logged_at = -LOG_EVERY_S
         self.outages = 0
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._sync_loop()), asyncio.ensure_future(self._checkpoint_loop())]
 
-    def wall_ns(self, mono_ns: int) -> int:
-        return mono_ns + self.wall_clock() - self.clock()
-
     async def _call(self, function: Callable[..., T], *args: Any) -> T:
-        """Run a store call on the store thread; note outages and recoveries (logged once each)."""
+        """Run a store call on the store thread; note outages (unavailable) and recoveries."""
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
         except (StoreError, RuleError) as exc:  # RuleError: a stored row that is not a valid rule
             self.partition.store_errors += 1
-            if not self.store_down:
+            if isinstance(exc, StoreUnavailable) and not self.store_down:
                 self.store_down = True
                 self.outages += 1
-                log.warning("store unavailable, deciding with the rules held: %s", exc)
+            what = "store unavailable" if isinstance(exc, StoreUnavailable) else "store error"
+            self._log(f"{what}, deciding with the rules held: {exc}")
             raise StoreError(str(exc)) from exc
         if self.store_down:
             self.store_down = False
             self._store_back.set()
             log.warning("store available again")
         return result
+
+    def _log(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            self._logged_at = now
+            log.warning("%s", message)
 
     # -- lazy loads -------------------------------------------------------------------------
 
@@ -103,34 +114,40 @@ class StoreKeeper:
         partition = self.partition
         try:
             while keys := partition.keys_to_load():
-                names = {key.decode("utf-8"): key for key in keys}
                 try:
                     if self.store_down:  # known down: answer now; the sync loop notices when it is back
                         raise StoreError("store down")
-                    found, saved = await self._call(self._read, list(names))
-                except StoreError:
+                    replies = await self._load_keys(keys)
+                    self._provisional.difference_update(keys)
+                except Exception as exc:  # any failure must still answer the parked checks
+                    if not isinstance(exc, StoreError):
+                        log.exception("rule load failed")
                     new, replies = partition.rules_failed(keys, self.clock())
                     self._provisional.update(new)
-                else:
-                    now = self.clock()
-                    offset = self.wall_clock() - now
-                    rules = {key: found.get(name) for name, key in names.items()}
-                    checkpoints = {
-                        names[name]: (checkpoint.credit, checkpoint.at_ns - offset)
-                        for name, checkpoint in saved.items()
-                    }
-                    replies = partition.rules_loaded(rules, now, checkpoints)
                 for reply, addr in replies:
                     self.send(reply, addr)
                 # Buckets live as long as the process and never form cycles: take them out of
                 # the cycle collector's full passes (O(1)), which otherwise stall the loop for
-                # tens of milliseconds per pass once a partition holds many keys.
+                # tens of milliseconds per pass once a partition holds many keys. Young cyclic
+                # garbage (e.g. tracebacks of failed loads) is collected first, not frozen.
+                gc.collect(1)
                 gc.freeze()
         finally:
             self._loader = None
 
+    async def _load_keys(self, keys: list[bytes]) -> list[tuple[bytes, Address]]:
+        names = {key.decode("utf-8"): key for key in keys}
+        found, saved = await self._call(self._read, list(names))
+        now = self.clock()
+        offset = self.wall_clock() - now
+        rules = {key: found.get(name) for name, key in names.items()}
+        checkpoints = {names[name]: (cp.credit, cp.at_ns - offset) for name, cp in saved.items()}
+        return self.partition.rules_loaded(rules, now, checkpoints)
+
     def _read(self, names: list[str]) -> tuple[dict, dict]:
-        return self.store.get_rules(names), self.store.get_checkpoints(names, self.wall_clock())
+        # Every checkpoint, expired or not: its expiry was computed under the rule of its day,
+        # and the restore refills under today's rule (capped at the capacity).
+        return self.store.get_rules(names), self.store.get_checkpoints(names, now_ns=0)
 
     # -- rule sync --------------------------------------------------------------------------
 
@@ -141,10 +158,13 @@ class StoreKeeper:
                 await self.sync()
             except StoreError:
                 pass  # counted and logged by _call; the next round retries
+            except Exception:
+                log.exception("rule sync failed")
 
     async def sync(self) -> int:
-        """Apply the rules changed since the last sync to held keys; returns how many were read."""
-        since = self._watermark - SYNC_OVERLAP_S
+        """Apply the rules changed since the previous sync to held keys; returns how many were read."""
+        started = self.wall_clock() / 1e9
+        since = self._synced_at - self.sync_overlap_s
         read = 0
         while True:
             changes = await self._call(self.store.changed_since, since)
@@ -153,34 +173,43 @@ class StoreKeeper:
                 by_key = {change.key.encode("utf-8"): change.rule for change in changes}
                 self.partition.apply_rule_changes(by_key, self.clock())
                 since = changes[-1].updated_at  # change times are distinct: page forward
-                self._watermark = max(self._watermark, since)
             if len(changes) < MAX_LIST:
                 break
+        # The next sync starts from this one's start (our clock, so a writer whose clock
+        # runs ahead cannot push it into the future), minus the overlap.
+        self._synced_at = started
         if self._provisional:
             self.partition.reload(self._provisional)
-            self._provisional.clear()
             self.need_rules()
         return read
 
     # -- checkpoints ------------------------------------------------------------------------
 
     async def _checkpoint_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         delay = self.checkpoint_interval_s
         rounds = 0
         while True:
-            self._store_back.clear()
             try:
                 await asyncio.wait_for(self._store_back.wait(), delay)  # or earlier, once the store is back
             except TimeoutError:
                 pass
+            self._store_back.clear()
+            started = loop.time()
             try:
                 await self.write_checkpoints()
-                rounds += 1
-                if rounds % SWEEP_EVERY == 0:
-                    await self._call(self.store.sweep, self.wall_clock())
-                delay = self.checkpoint_interval_s
+                delay = max(0.0, self.checkpoint_interval_s - (loop.time() - started))  # a fixed rate
             except StoreError:
-                delay = min(MAX_BACKOFF_S, delay * 2)
+                delay = min(MAX_BACKOFF_S, max(delay, self.checkpoint_interval_s) * 2)
+            except Exception:
+                log.exception("checkpoint round failed")
+                delay = self.checkpoint_interval_s
+            rounds += 1
+            if rounds % SWEEP_EVERY == 0 and not self.store_down:
+                try:
+                    await self._call(self.store.sweep, self.wall_clock())
+                except StoreError:
+                    pass  # a sweep is housekeeping: it never slows checkpoints down
 
     async def write_checkpoints(self) -> int:
         """Write the credit of every bucket spent since the last round; returns how many.
@@ -200,8 +229,8 @@ class StoreKeeper:
                 continue
             try:
                 written += await self._call(self._write_taken, taken, self.wall_clock() - self.clock())
-            except StoreError:
-                # Not lost: the next round takes these keys' newest credit.
+            except BaseException:
+                # Not lost (also when cancelled): the next round takes these keys' newest credit.
                 self.partition.mark_dirty(key for key, *_ in taken)
                 raise
         return written
@@ -219,12 +248,16 @@ class StoreKeeper:
         )
 
     async def flush(self, timeout_s: float = 5.0) -> None:
-        """Stop the loops and write the last checkpoints (what SIGTERM on Fargate gives time for)."""
+        """Stop the loops, let a running load finish, write the last checkpoints (SIGTERM on Fargate)."""
         for task in self._tasks:
             task.cancel()
         try:
-            await asyncio.wait_for(self.write_checkpoints(), timeout_s)
-        except (TimeoutError, StoreError):
+            async with asyncio.timeout(timeout_s):
+                if self._loader is not None:
+                    await asyncio.shield(self._loader)  # its answers charge buckets too
+                while self.partition.dirty_count:
+                    await self.write_checkpoints()
+        except (StoreError, TimeoutError):
             log.error("final checkpoint not written; a restart may admit up to one interval's spending again")
 
     def close(self) -> None:

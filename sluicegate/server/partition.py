@@ -41,6 +41,7 @@ Address = Any  # whatever the transport uses: (host, port) for UDP
 Ident = tuple[Address, int]  # (sender, request id)
 DEFAULT_REPLY_CACHE_NS = 1_000_000_000
 NEVER_FULL = -1  # full_at of a bucket that never refills
+MAX_WAIT_NS = 2**61  # ~73 years: a slower refill is recorded as never (keeps times in 64 bits)
 
 
 class Partition:
@@ -141,7 +142,7 @@ class Partition:
             self.duplicates += 1
             return None
         buckets = self.buckets
-        missing = [key for key, _ in checks if key not in buckets and _is_utf8(key)]
+        missing = [key for key, _ in checks if key not in buckets and _is_valid_key(key)]
         if missing:
             self._parked[ident] = (now_ns, checks)
             self._wanted.update(key for key in missing if key not in self._loading)
@@ -153,7 +154,7 @@ class Partition:
         buckets = self.buckets
         for key, cost in checks:
             bucket = buckets.get(key)
-            if bucket is None:  # only keys that are not UTF-8 are never loaded
+            if bucket is None:  # only keys that are not valid keys are never loaded
                 results.append((codec.STATUS_INVALID, 0, 0, 0, 0))
             else:
                 results.append(self._charge(key, bucket, cost, now_ns))
@@ -211,8 +212,9 @@ class Partition:
         """Install loaded rules (None: the default rule); return replies now due.
 
         A new key starts full, or at its checkpoint ``(credit, at_ns)`` plus the
-        refill since ``at_ns``. A key already held keeps its credit, clamped to
-        the new capacity.
+        refill since ``at_ns`` under the rule now in force. A key already held
+        keeps its credit, clamped to the new capacity, and never more than its
+        checkpoint allows (a key first met during a store outage started full).
         """
         checkpoints = checkpoints or {}
         for key, rule in rules.items():
@@ -220,15 +222,17 @@ class Partition:
             self.rule_loads += 1
             rule = rule or self.default_rule
             bucket = self.buckets.get(key)
+            saved = checkpoints.get(key)
+            restored = None
+            if saved is not None:
+                restored = Bucket(rule, min(saved[1], now_ns), saved[0])
+                restored.refill(now_ns)
             if bucket is None:
-                saved = checkpoints.get(key)
-                if saved is None:
-                    self.buckets[key] = Bucket(rule, now_ns)
-                else:
-                    bucket = self.buckets[key] = Bucket(rule, min(saved[1], now_ns), saved[0])
-                    bucket.refill(now_ns)
+                self.buckets[key] = restored or Bucket(rule, now_ns)
             else:
                 self._set_rule(key, bucket, rule, now_ns)
+                if restored is not None and restored.credit < bucket.credit:
+                    bucket.credit = restored.credit
         return self._answer_invalidations(rules) + self._answer_parked(now_ns)
 
     def rules_failed(self, keys: Iterable[bytes], now_ns: int) -> tuple[list[bytes], list[tuple[bytes, Address]]]:
@@ -247,6 +251,8 @@ class Partition:
         """Apply changed rules (None: deleted, back to the default) to held keys; returns how many."""
         applied = 0
         for key, rule in changes.items():
+            if key in self._loading:
+                self._wanted.add(key)  # its first load may have read the old rule: load it again
             bucket = self.buckets.get(key)
             if bucket is not None:
                 self._set_rule(key, bucket, rule or self.default_rule, now_ns)
@@ -284,7 +290,8 @@ class Partition:
             missing = rule.capacity_nano - bucket.credit
             if missing <= 0:
                 continue
-            full_at = NEVER_FULL if rule.rate <= 0 else bucket.stamp + math.ceil(missing / rule.rate)
+            wait_ns = NEVER_FULL if rule.rate <= 0 else math.ceil(missing / rule.rate)
+            full_at = NEVER_FULL if wait_ns == NEVER_FULL or wait_ns > MAX_WAIT_NS else bucket.stamp + wait_ns
             out.append((key, bucket.credit, bucket.stamp, full_at))
         return out
 
@@ -318,13 +325,16 @@ class Partition:
                 # fallback): charging now would charge for nothing.
                 del self._parked[ident]
                 self.expired += 1
-            elif all(key in buckets or not _is_utf8(key) for key, _ in checks):
+            elif all(key in buckets or not _is_valid_key(key) for key, _ in checks):
                 del self._parked[ident]
                 replies.append((self._decide(ident, checks, now_ns), ident[0]))
         return replies
 
 
-def _is_utf8(key: bytes) -> bool:
+def _is_valid_key(key: bytes) -> bool:
+    """What the store accepts as a key: UTF-8 without NUL (anything else is answered INVALID)."""
+    if b"\x00" in key:
+        return False
     try:
         key.decode("utf-8")
     except UnicodeDecodeError:

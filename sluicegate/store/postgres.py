@@ -24,6 +24,7 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 #: Seconds to wait for a connection unless the DSN (or PGCONNECT_TIMEOUT) says otherwise:
 #: libpq's default is to wait forever, and a store call must not hang a server's sync loop.
 CONNECT_TIMEOUT_S = 5
+STATEMENT_TIMEOUT_MS = 5000
 #: Any constant shared by all Sluicegate processes: serialises concurrent schema creation.
 _SCHEMA_LOCK_ID = 0x5_1C3_6A7E
 
@@ -96,6 +97,15 @@ class PostgresRuleStore(RuleStore):
         defaults: dict[str, Any] = {"application_name": "sluicegate"}
         if "connect_timeout" not in given and not os.environ.get("PGCONNECT_TIMEOUT"):
             defaults["connect_timeout"] = CONNECT_TIMEOUT_S
+        # A server that stops answering (network black hole, failover freeze) must fail a call
+        # in seconds, not block the bucket server's store thread for minutes.
+        defaults.update(keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+        defaults["tcp_user_timeout"] = STATEMENT_TIMEOUT_MS
+        options = given.get("options", "")
+        if "statement_timeout" not in options:
+            given_options = f"{options} " if options else ""
+            defaults["options"] = f"{given_options}-c statement_timeout={STATEMENT_TIMEOUT_MS}"
+            given.pop("options", None)
         self._conninfo = make_conninfo(dsn, **{k: v for k, v in defaults.items() if k not in given})
         self._lock = threading.Lock()
         self._conn: Connection | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -12,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from sluicegate import codec
 from sluicegate.router.client import PartitionClient
 from sluicegate.rules import Rule, default_rule
-from sluicegate.server.keeper import SYNC_OVERLAP_S, StoreKeeper
+from sluicegate.server.keeper import StoreKeeper
 from sluicegate.server.partition import Partition
 from sluicegate.server.udp import serve_partition
 from sluicegate.store import Checkpoint, RuleChange, RuleStore, StoreUnavailable
 from sluicegate.store import open_store as open_store_kind
-from tests.conftest import child_env
+from sluicegate.store.base import NEVER_EXPIRES_NS
+from tests.conftest import ManualClock, child_env
 from tests.stores import BACKENDS
 
 SYNC_S = 0.2
@@ -32,9 +35,8 @@ def open_store(request: pytest.FixtureRequest) -> Callable[[], RuleStore]:
 
 async def start_server(store: RuleStore, **options: float) -> tuple[object, PartitionClient]:
     partition = Partition(default_rule=default_rule(100, 0))
-    server, address = await serve_partition(
-        partition, store, listen=("127.0.0.1", 0), sync_interval_s=SYNC_S, **options
-    )
+    options.setdefault("sync_interval_s", SYNC_S)
+    server, address = await serve_partition(partition, store, listen=("127.0.0.1", 0), **options)
     client = PartitionClient([address], timeout_s=0.5)
     await client.start()
     return server, client
@@ -91,22 +93,27 @@ class CountingStore:
 def test_one_sync_reads_the_changed_rules_not_the_held_keys(sqlite_opener: Callable[[], RuleStore]) -> None:
     store = sqlite_opener()
     keys = [f"user-{i}" for i in range(100_000)]
-    store.put_rules(Rule(key, 10, 1) for key in keys)
     partition = Partition(default_rule=default_rule(100, 0))
     counting = CountingStore(store)
+    overlap = 0.3
 
-    async def scenario() -> None:
-        time.sleep(SYNC_OVERLAP_S + 0.1)  # the bulk import is now older than what a sync re-reads
-        keeper = StoreKeeper(partition, counting, lambda reply, addr: None)  # type: ignore[arg-type]
+    async def scenario() -> list[int]:
+        keeper = StoreKeeper(partition, counting, lambda reply, addr: None, sync_overlap_s=overlap)  # type: ignore[arg-type]
+        store.put_rules(Rule(key, 10, 1) for key in keys)  # a bulk import while the server runs
         partition.rules_loaded({key.encode(): Rule(key, 10, 1) for key in keys}, time.monotonic_ns())
+        reads = [await keeper.sync()]  # sees the import
+        await asyncio.sleep(overlap + 0.05)
+        reads.append(await keeper.sync())  # the overlap has passed: nothing is read again
+        await asyncio.sleep(overlap + 0.05)
         store.put_rules(Rule(key, 20, 1) for key in keys[:10])
-        await keeper.sync()
+        reads.append(await keeper.sync())
         keeper.close()
+        return reads
 
-    asyncio.run(scenario())
-    assert len(partition.buckets) == 100_000
-    assert counting.items_read == 10
+    reads = asyncio.run(scenario())
+    assert reads[0] == 100_000 and reads[1:] == [0, 10]
     assert counting.get_calls == 0
+    assert len(partition.buckets) == 100_000
     assert [partition.buckets[key.encode()].rule.capacity for key in keys[:11]] == [20] * 10 + [10]
 
 
@@ -235,3 +242,120 @@ def test_cli_migrates_and_bulk_imports_into_each_backend(
     store = open_()
     assert store.get_rule("user-7") == Rule("user-7", 8, 1.5)
     assert len(list(store.iter_rules(prefix="user-"))) == 1200
+
+
+class FlakyReads(SwitchableStore):
+    """Up for rule sync, but its rule reads can be made to fail (a store that flaps)."""
+
+    def __init__(self, inner: RuleStore) -> None:
+        super().__init__(inner)
+        self.fail_reads = False
+
+    def get_rules(self, keys: Iterable[str]) -> dict[str, Rule]:
+        if self.fail_reads:
+            raise StoreUnavailable("reads failing")
+        return super().get_rules(keys)
+
+
+def test_key_defaulted_in_an_outage_keeps_trying_until_a_reload_works(sqlite_opener: Callable[[], RuleStore]) -> None:
+    inner = sqlite_opener()
+    inner.put_rule(Rule("later", 3, 0))
+    store = FlakyReads(inner)
+
+    async def scenario() -> list[int | None]:
+        server, client = await start_server(store, sync_interval_s=3600, sync_overlap_s=0)  # type: ignore[arg-type]
+        keeper = server.keeper
+        seen = []
+        store.down = True
+        seen.append((await client.check("later")).capacity)  # default rule
+        store.down, store.fail_reads = False, True
+        await keeper.sync()  # works, but the reload it starts fails
+        await asyncio.sleep(0.1)
+        seen.append((await client.check("later")).capacity)
+        store.fail_reads = False
+        await keeper.sync()  # tries again
+        await asyncio.sleep(0.1)
+        seen.append((await client.check("later")).capacity)
+        client.close()
+        await server.stop()
+        return seen
+
+    assert asyncio.run(scenario()) == [100, 100, 3]
+
+
+def test_invalid_key_is_answered_invalid_and_is_no_store_outage(sqlite_opener: Callable[[], RuleStore]) -> None:
+    async def scenario() -> tuple[list, dict[str, int]]:
+        partition = Partition(default_rule=default_rule(100, 0))
+        server, address = await serve_partition(partition, sqlite_opener(), listen=("127.0.0.1", 0))
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        sock.connect(address)
+        await loop.sock_sendall(sock, codec.encode_check_request(1, [(b"a\x00b", 1), (b"ok", 1)]))
+        reply = await asyncio.wait_for(loop.sock_recv(sock, 65536), 2)
+        sock.close()
+        counters = partition.counters()
+        await server.stop()
+        return codec.decode_check_reply(reply)[1], counters
+
+    (bad, good), counters = asyncio.run(scenario())
+    assert bad.status == codec.STATUS_INVALID and good.allowed
+    assert counters["store_errors"] == 0
+
+
+class BrokenOnce(SwitchableStore):
+    """put_checkpoints raises an unexpected error once (a bug, not an outage)."""
+
+    def __init__(self, inner: RuleStore) -> None:
+        super().__init__(inner)
+        self.broken = True
+
+    def put_checkpoints(self, checkpoints: Sequence[Checkpoint]) -> int:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("unexpected")
+        return super().put_checkpoints(checkpoints)
+
+
+def test_checkpoint_loop_survives_an_unexpected_error_and_caps_far_expiries(
+    sqlite_opener: Callable[[], RuleStore],
+) -> None:
+    inner = sqlite_opener()
+    inner.put_rule(Rule("slow", 1_000_000, 0.0001))  # full again in ~285 years: beyond 64-bit ns
+    store = BrokenOnce(inner)
+
+    async def scenario() -> None:
+        server, client = await start_server(store, checkpoint_interval_s=0.1)  # type: ignore[arg-type]
+        await client.check("slow", 900_000)
+        deadline = time.monotonic() + 5
+        while not store.checkpoint_writes:
+            assert time.monotonic() < deadline, "no checkpoint after the loop's first error"
+            await asyncio.sleep(0.05)
+        client.close()
+        await server.stop()
+
+    asyncio.run(scenario())
+    saved = inner.get_checkpoints(["slow"], time.time_ns())["slow"]
+    assert 100_000 * 10**9 <= saved.credit < 100_001 * 10**9  # plus a trickle of refill
+    assert saved.expires_ns == NEVER_EXPIRES_NS
+
+
+def test_restore_refills_under_the_rule_in_force_on_another_clock(sqlite_opener: Callable[[], RuleStore]) -> None:
+    store = sqlite_opener()
+    store.put_rule(Rule("k", 100, 10))
+
+    async def scenario() -> int | None:
+        server, client = await start_server(sqlite_opener())
+        await client.check("k", 90)  # 10 left; under this rule, full again in 9 s
+        await server.stop()  # final checkpoint
+        client.close()
+        store.put_rule(Rule("k", 100, 0.1))  # much slower now
+        later = ManualClock(start_ns=time.time_ns() + 20 * 10**9)  # another machine, 20 s later
+        server, client = await start_server(sqlite_opener(), clock=ManualClock(start_ns=5 * 10**9), wall_clock=later)
+        decision = await client.check("k", 1)
+        client.close()
+        await server.stop()
+        return decision.remaining
+
+    # 10 + 0.1/s x 20 s - 1: the old checkpoint expired under the old rule, yet it still counts.
+    assert asyncio.run(scenario()) == 11

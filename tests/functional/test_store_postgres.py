@@ -305,3 +305,14 @@ class TestPrefixRange:
         assert [r.key for r in store.list_rules(prefix="a\U0010ffff")] == ["a\U0010ffff", "a\U0010ffffx"]
         assert [r.key for r in store.list_rules(prefix="\U0010ffff")] == ["\U0010ffff", "\U0010ffff\U0010ffff"]
         assert [r.key for r in store.list_rules(prefix="\ud7ff")] == ["\ud7ffz"]
+
+
+def test_calls_have_a_statement_timeout_and_keep_given_options(postgres_dsn: str) -> None:
+    store = PostgresRuleStore(postgres_dsn)  # the test DSN carries options=-c search_path=...
+    store.put_rule(Rule("k", 1, 1))  # the search path still applies
+    timeout = store._run(lambda conn: conn.execute("SHOW statement_timeout").fetchone()[0])
+    assert timeout == "5s"
+    # Cut off, not waited out (public calls map this OperationalError to StoreUnavailable).
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        store._run(lambda conn: conn.execute("SELECT pg_sleep(6)"))
+    assert store.get_rule("k") == Rule("k", 1, 1)
