@@ -24,10 +24,10 @@ define apt_install
 	fi
 endef
 
-$(STAMP): pyproject.toml requirements.txt requirements-dev.txt
+$(STAMP): pyproject.toml sdk/python/pyproject.toml requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check uv
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -r requirements-dev.txt -e .
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -r requirements-dev.txt -e . -e sdk/python
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -45,6 +46,12 @@ class Config:
     max_datagram: int = 8192  # bytes; larger batches are split
     reply_cache_ms: int = 1000  # how long a partition remembers a reply for retries
     admin_token: str = ""  # the rules admin API answers 401 without it
+    # In the cloud: partitions are found as p<i>.<namespace> (Cloud Map private DNS) on partition_port.
+    namespace: str = ""
+    partition_port: int = 7000
+    partition: int = 0  # a bucket-server container: the partition it owns
+    dns_ttl_s: float = 10.0  # how long the router trusts a resolved partition address
+    postgres_secret: str = ""  # postgres: a Secrets Manager JSON (host, port, dbname, username, password)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -68,8 +75,16 @@ class Config:
             raise ConfigError("SLUICEGATE_PORT must be 0 to 65535")
         if self.store not in ("sqlite", "dynamodb", "postgres"):
             raise ConfigError("SLUICEGATE_STORE must be sqlite, dynamodb or postgres")
-        if self.store == "postgres" and not self.postgres_dsn:
-            raise ConfigError("SLUICEGATE_STORE=postgres needs SLUICEGATE_POSTGRES_DSN")
+        if self.store == "postgres" and not (self.postgres_dsn or self.postgres_secret):
+            raise ConfigError("SLUICEGATE_STORE=postgres needs SLUICEGATE_POSTGRES_DSN or SLUICEGATE_POSTGRES_SECRET")
+        if self.postgres_secret:
+            self.postgres_conninfo  # noqa: B018 (validates the secret's JSON now, not at first use)
+        if not 1 <= self.partition_port <= 65535:
+            raise ConfigError("SLUICEGATE_PARTITION_PORT must be 1 to 65535")
+        if not 0 <= self.partition < self.partitions:
+            raise ConfigError("SLUICEGATE_PARTITION must be 0 to SLUICEGATE_PARTITIONS - 1")
+        if not (math.isfinite(self.dns_ttl_s) and self.dns_ttl_s >= 0):
+            raise ConfigError("SLUICEGATE_DNS_TTL_S must be a finite number >= 0")
         if self.reply_cache_ms <= self.timeout_ms * self.attempts:
             # A retry arriving after its reply was forgotten would be charged again.
             raise ConfigError(
@@ -94,9 +109,40 @@ class Config:
                 raise ConfigError(f"SLUICEGATE_DEFAULT_{name}: {exc}") from exc
 
     @property
+    def postgres_conninfo(self) -> str:
+        """The libpq connection string: SLUICEGATE_POSTGRES_DSN, else one built from the secret.
+
+        The secret is the JSON Secrets Manager keeps for an RDS/Aurora cluster
+        (ECS injects it whole into the container's environment).
+        """
+        if self.postgres_dsn or not self.postgres_secret:
+            return self.postgres_dsn
+        try:
+            secret = json.loads(self.postgres_secret)
+            parts = {
+                "host": secret["host"],
+                "port": secret.get("port", 5432),
+                "dbname": secret.get("dbname", "postgres"),
+                "user": secret["username"],
+                "password": secret["password"],
+            }
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(
+                "SLUICEGATE_POSTGRES_SECRET must be JSON with host, username and password "
+                "(and optionally port and dbname)"
+            ) from exc
+        return " ".join(f"{name}={_conninfo_quote(value)}" for name, value in parts.items())
+
+    @property
     def fail_open(self) -> bool:
         return self.fallback == "allow"
 
     @property
     def default_rule(self) -> Rule:
         return default_rule(self.default_capacity, self.default_rate)
+
+
+def _conninfo_quote(value: object) -> str:
+    """One libpq conninfo value, quoted so spaces, quotes and backslashes survive."""
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"

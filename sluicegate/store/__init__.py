@@ -48,7 +48,7 @@ def store_from_config(config: Config, *, db: str | None = None) -> RuleStore:
     return open_store(
         config.store,
         path=db or config.db,
-        dsn=config.postgres_dsn,
+        dsn=config.postgres_conninfo,
         rules_table=config.dynamodb_rules_table,
         checkpoints_table=config.dynamodb_checkpoints_table,
         endpoint=config.dynamodb_endpoint,

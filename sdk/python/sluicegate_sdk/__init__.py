@@ -1,0 +1,1 @@
+"""Sluicegate's Python SDK (being built: see the SDK issue)."""
