@@ -48,6 +48,7 @@ class Config:
     admin_token: str = ""  # the rules admin API answers 401 without it
     # In the cloud: partitions are found as p<i>.<namespace> (Cloud Map private DNS) on partition_port.
     namespace: str = ""
+    partition_addresses: str = ""  # instead of a namespace: "host:port,host:port,..." in partition order
     partition_port: int = 7000
     partition: int = 0  # a bucket-server container: the partition it owns
     dns_ttl_s: float = 10.0  # how long the router trusts a resolved partition address
@@ -132,6 +133,20 @@ class Config:
                 "(and optionally port and dbname)"
             ) from exc
         return " ".join(f"{name}={_conninfo_quote(value)}" for name, value in parts.items())
+
+    def partition_endpoints(self) -> list[tuple[str, int]]:
+        """Where the router finds the partitions: the explicit list, else ``p<i>.<namespace>``."""
+        if self.partition_addresses:
+            endpoints = []
+            for entry in self.partition_addresses.split(","):
+                host, _, port = entry.strip().rpartition(":")
+                if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                    raise ConfigError(f"SLUICEGATE_PARTITION_ADDRESSES: expected HOST:PORT, got {entry.strip()!r}")
+                endpoints.append((host.strip("[]"), int(port)))
+            return endpoints
+        if not self.namespace:
+            raise ConfigError("set SLUICEGATE_NAMESPACE (Cloud Map) or SLUICEGATE_PARTITION_ADDRESSES")
+        return [(f"p{index}.{self.namespace}", self.partition_port) for index in range(self.partitions)]
 
     @property
     def fail_open(self) -> bool:

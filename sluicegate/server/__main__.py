@@ -2,7 +2,10 @@
 
 ``python -m sluicegate.server --listen 127.0.0.1:7001`` or, under
 ``sluicegate local``, ``--fd N`` with a UDP socket the supervisor bound (so a
-restarted partition keeps its address and queued datagrams).
+restarted partition keeps its address and queued datagrams). In a container,
+``--listen 0.0.0.0`` takes the port from ``SLUICEGATE_PARTITION_PORT`` and the
+partition index from ``SLUICEGATE_PARTITION``; ``--emf-interval 60`` prints the
+partition's counters as CloudWatch EMF lines once a minute.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import os
 import signal
 import socket
 import sys
+import time
 
-from sluicegate.config import Config
+from sluicegate.config import Config, ConfigError
+from sluicegate.server.emf import encode_emf, partition_metrics
 from sluicegate.server.partition import Partition
 from sluicegate.server.udp import serve_partition
 from sluicegate.store import store_from_config
@@ -30,10 +35,16 @@ def install_event_loop_policy() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
+EMF_NAMESPACE = "Sluicegate"
+
+
+def parse_address(text: str) -> tuple[str, int | None]:
+    """``HOST:PORT``, or a bare IPv4 address or name whose port comes from the config."""
+    host, colon, port = text.rpartition(":")
+    if not colon:
+        return text, None
     if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT or HOST, got {text!r}")
     return host, int(port)
 
 
@@ -41,11 +52,18 @@ async def run(args: argparse.Namespace, config: Config) -> None:
     # Under `sluicegate local` the supervisor bound the socket; otherwise bind it here.
     sock = socket.socket(fileno=args.fd) if args.fd is not None else None
     store = store_from_config(config, db=args.db)
+    if config.store == "postgres":
+        # In the cloud an Aurora database starts empty and no other step creates the tables (idempotent).
+        await asyncio.get_running_loop().run_in_executor(None, store.migrate)
     partition = Partition(default_rule=config.default_rule, reply_cache_ns=config.reply_cache_ms * 1_000_000)
+    listen = None
+    if args.listen is not None:
+        host, port = args.listen
+        listen = (host, config.partition_port if port is None else port)
     server, address = await serve_partition(
         partition,
         store,
-        listen=args.listen,
+        listen=listen,
         sock=sock,
         sync_interval_s=config.sync_interval_ms / 1000,
         checkpoint_interval_s=config.checkpoint_interval_ms / 1000,
@@ -59,9 +77,13 @@ async def run(args: argparse.Namespace, config: Config) -> None:
         # Under a supervisor: leave when it is gone (even if it was SIGKILLed), not linger as an orphan.
         parent = os.getppid()
         watcher = asyncio.ensure_future(_stop_when_orphaned(parent, stop))
+    if args.emf_interval:
+        emitter = asyncio.ensure_future(_print_emf(partition, args.partition, args.emf_interval))
     await stop.wait()
     if args.fd is not None:
         watcher.cancel()
+    if args.emf_interval:
+        emitter.cancel()
     await server.stop()  # the final checkpoint
     store.close()
 
@@ -72,16 +94,37 @@ async def _stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
+async def _print_emf(partition: Partition, index: int, interval_s: float) -> None:
+    previous: dict[str, int] = {}
+    while True:
+        await asyncio.sleep(interval_s)
+        counters = partition.counters()
+        values = partition_metrics(counters, previous)
+        previous = counters
+        line = encode_emf(EMF_NAMESPACE, {"Partition": str(index)}, values, timestamp_ms=time.time_ns() // 1_000_000)
+        print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sluicegate.server", description=__doc__)
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--listen", type=parse_address, help="HOST:PORT to bind (UDP)")
+    where.add_argument("--listen", type=parse_address, help="HOST:PORT (or HOST: SLUICEGATE_PARTITION_PORT) to bind")
     where.add_argument("--fd", type=int, help="an inherited, bound UDP socket")
-    parser.add_argument("--partition", type=int, default=0, help="partition index (for logs)")
+    parser.add_argument("--partition", type=int, help="partition index (default: SLUICEGATE_PARTITION)")
     parser.add_argument("--db", help="SQLite file (default: SLUICEGATE_DB)")
+    parser.add_argument(
+        "--emf-interval", type=float, default=0, metavar="SECONDS", help="print counters as CloudWatch EMF lines"
+    )
     args = parser.parse_args(argv)
+    try:
+        config = Config.from_env()
+    except ConfigError as exc:
+        parser.exit(2, f"python -m sluicegate.server: {exc}\n")
+    if args.partition is None:
+        args.partition = config.partition
+    if args.emf_interval < 0:
+        parser.error("--emf-interval must be >= 0")
     logging.basicConfig(level=logging.INFO, format=f"partition {args.partition}: %(levelname)s %(message)s")
-    config = Config.from_env()
     install_event_loop_policy()
     # The store thread's Python work (checkpoint rows) must not hold the GIL away from
     # the loop for the default 5 ms at a time.

@@ -1,0 +1,48 @@
+"""CloudWatch Embedded Metric Format lines for a bucket server's counters. Pure.
+
+CloudWatch Logs turns a JSON log line in this shape into metrics, so a
+Fargate task needs no agent and no API calls to publish them: print the line.
+
+Example:
+    >>> line = encode_emf("Sluicegate", {"Partition": "3"}, {"PartitionChecks": 120}, timestamp_ms=0)
+    >>> json.loads(line)["PartitionChecks"]
+    120
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+# The partition's counters published as metrics, by metric name.
+PUBLISHED = {"PartitionChecks": "checks", "StoreErrors": "store_errors", "Keys": "keys"}
+# Counters that only grow: publish what they grew by since the previous line. "keys" is a level.
+GROWING = frozenset({"checks", "store_errors"})
+
+
+def encode_emf(namespace: str, dimensions: Mapping[str, str], values: Mapping[str, float], *, timestamp_ms: int) -> str:
+    """One EMF log line: every metric in ``values`` (unit Count) under one dimension set."""
+    document: dict[str, object] = {
+        "_aws": {
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [
+                {
+                    "Namespace": namespace,
+                    "Dimensions": [list(dimensions)],
+                    "Metrics": [{"Name": name, "Unit": "Count"} for name in values],
+                }
+            ],
+        },
+        **dimensions,
+        **values,
+    }
+    return json.dumps(document, separators=(",", ":"))
+
+
+def partition_metrics(counters: Mapping[str, int], previous: Mapping[str, int]) -> dict[str, int]:
+    """The published values: growth since ``previous`` for growing counters, else the level."""
+    values = {}
+    for metric, counter in PUBLISHED.items():
+        now = counters.get(counter, 0)
+        values[metric] = now - previous.get(counter, 0) if counter in GROWING else now
+    return values
