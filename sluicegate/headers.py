@@ -1,11 +1,13 @@
-"""RateLimit header fields (IETF httpapi draft 08+) for a decision. Pure.
+"""RateLimit header fields (IETF httpapi draft 08+) for a decision. Pure module.
+
+The router's HTTP API and the SDK's middleware send the same headers.
 
 ``RateLimit-Policy: "default";q=100;w=10`` names the policy, its quota and
 the window (seconds to refill from empty); ``RateLimit: "default";r=42;t=6``
 gives what remains and the seconds until the quota is whole again.
 
 Example:
-    >>> from sluicegate.router.client import Decision
+    >>> from sluicegate.decision import Decision
     >>> d = Decision("k", False, 0, 1500, capacity=10, window_ms=10_000)
     >>> rate_limit_headers(d)
     [('RateLimit-Policy', '"key";q=10;w=10'), ('RateLimit', '"key";r=0;t=10'), ('Retry-After', '2')]
@@ -15,18 +17,14 @@ from __future__ import annotations
 
 import math
 
-from sluicegate.router.client import Decision
-
-
-def policy_name(decision: Decision) -> str:
-    return "default" if decision.default_rule else "key"
+from sluicegate.decision import Decision
 
 
 def rate_limit_headers(decision: Decision) -> list[tuple[str, str]]:
     """The headers to send with ``decision`` (none of the policy ones for a fallback)."""
     headers = []
     if decision.capacity is not None and decision.remaining is not None:
-        name = policy_name(decision)
+        name = decision.policy
         policy = f'"{name}";q={decision.capacity}'
         state = f'"{name}";r={decision.remaining}'
         if decision.window_ms is not None:

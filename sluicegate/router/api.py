@@ -21,8 +21,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from sluicegate.codec import MAX_COST
+from sluicegate.headers import most_restrictive, rate_limit_headers
 from sluicegate.router.client import Decision, PartitionClient
-from sluicegate.router.headers import most_restrictive, rate_limit_headers
 from sluicegate.rules import RuleError, validate_key
 
 MAX_BATCH = 100

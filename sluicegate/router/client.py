@@ -4,7 +4,9 @@ Checks submitted in the same event-loop tick for the same partition are
 coalesced into one datagram. A datagram is retried with the *same* request id
 (the server answers repeats from its reply cache, so nothing is charged
 twice); when every attempt times out, each check gets the configured
-fallback decision with ``fallback=True``.
+fallback decision with ``fallback=True``. The protocol state lives in the
+pure :class:`sluicegate.exchange.Exchange` (the SDK's direct clients use it
+too); this module adds the asyncio socket and timers.
 
 Example::
 
@@ -16,46 +18,19 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import random
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sluicegate import codec, datagram
+from sluicegate.decision import Decision, fallback_decision
+from sluicegate.exchange import Exchange, Flight
 from sluicegate.routing import partition_for
-from sluicegate.rules import NEVER_MS
+
+__all__ = ["Decision", "Link", "PartitionClient", "UdpLink"]  # Decision: the router's callers import it from here
 
 Address = tuple[str, int]
 Deliver = Callable[[bytes, Any], None]
-FALLBACK_RETRY_MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The answer to one check. ``remaining``/``retry_after_ms`` are None when unknown.
-
-    ``retry_after_ms`` is None on a denial that no wait can fix (the cost
-    exceeds the capacity, or the rule refills nothing).
-    """
-
-    key: str
-    allowed: bool
-    remaining: int | None
-    retry_after_ms: int | None
-    fallback: bool = False
-    capacity: int | None = None
-    window_ms: int | None = None
-    default_rule: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "allowed": self.allowed,
-            "remaining": self.remaining,
-            "retry_after_ms": self.retry_after_ms,
-            "fallback": self.fallback,
-        }
 
 
 class Link(Protocol):
@@ -110,22 +85,12 @@ def _family(addresses: Sequence[Address]) -> int:
     return socket.AF_INET6 if any(":" in host for host, *_ in addresses) else socket.AF_INET
 
 
-_Item = tuple[bytes, str, int, "asyncio.Future[Decision]"]
-
-
-class _InFlight:
-    __slots__ = ("attempts_left", "data", "index", "items", "timer")
-
-    def __init__(self, data: bytes, index: int, items: list[_Item], attempts_left: int) -> None:
-        self.data = data
-        self.index = index
-        self.items = items
-        self.attempts_left = attempts_left
-        self.timer: asyncio.TimerHandle | None = None
-
-
 class PartitionClient:
-    """Sends checks to the partition that owns each key (``partition_of``)."""
+    """Sends checks to the partition that owns each key (``partition_of``).
+
+    ``addresses`` may be replaced in place (``client.addresses[:] = ...``) between
+    checks, e.g. after resolving the partitions' names again.
+    """
 
     def __init__(
         self,
@@ -144,17 +109,24 @@ class PartitionClient:
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.fail_open = fail_open
-        self.max_datagram = max_datagram
         self._partition_of = partition_of
         self._link_factory = link_factory
         self._link: Link | None = None
-        self._next_id = random.getrandbits(64)
         # Checks submitted in one loop iteration for one partition share a datagram.
-        self._queued: list[list[_Item]] = [[] for _ in self.addresses]
-        self._inflight: dict[int, _InFlight] = {}
+        self._exchange = Exchange(
+            attempts=attempts, timeout_s=timeout_s, fail_open=fail_open, max_datagram=max_datagram
+        )
         self._waiters: dict[int, asyncio.Future[bytes]] = {}
-        self.fallbacks = 0
-        self.timeouts = 0
+
+    @property
+    def fallbacks(self) -> int:
+        """Checks answered with the fallback decision so far."""
+        return self._exchange.fallbacks
+
+    @property
+    def timeouts(self) -> int:
+        """Datagrams that got no reply in time so far (each attempt counts)."""
+        return self._exchange.timeouts
 
     async def start(self) -> None:
         # Numeric addresses: replies are matched against them.
@@ -170,12 +142,11 @@ class PartitionClient:
 
     def submit(self, key: str, cost: int = 1) -> asyncio.Future[Decision]:
         """Queue one check (validated by the caller); resolve when its partition answers."""
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Decision] = loop.create_future()
         index = self.partition(key)
-        queue = self._queued[index]
-        if not queue:
-            asyncio.get_running_loop().call_soon(self._flush, index)
-        queue.append((key.encode("utf-8"), key, cost, future))
+        if self._exchange.queue(index, key, cost, future):
+            loop.call_soon(self._flush, index)
         return future
 
     async def check(self, key: str, cost: int = 1) -> Decision:
@@ -184,69 +155,35 @@ class PartitionClient:
     async def check_many(self, checks: Sequence[tuple[str, int]]) -> list[Decision]:
         return list(await asyncio.gather(*(self.submit(key, cost) for key, cost in checks)))
 
-    def _flush(self, index: int) -> None:
-        items = self._queued[index]
-        self._queued[index] = []
-        chunk: list[_Item] = []
-        request_bytes = reply_bytes = codec.HEADER_SIZE
-        for item in items:
-            grow_request = 6 + len(item[0])
-            full = len(chunk) == codec.MAX_ITEMS
-            if chunk and (
-                full or max(request_bytes + grow_request, reply_bytes + codec.RESULT_ITEM.size) > self.max_datagram
-            ):
-                self._send_new(chunk, index)
-                chunk, request_bytes, reply_bytes = [], codec.HEADER_SIZE, codec.HEADER_SIZE
-            chunk.append(item)
-            request_bytes += grow_request
-            reply_bytes += codec.RESULT_ITEM.size
-        self._send_new(chunk, index)
-
-    def _new_id(self) -> int:
-        self._next_id = (self._next_id + 1) & 0xFFFF_FFFF_FFFF_FFFF
-        return self._next_id
-
-    def _send_new(self, items: list[_Item], index: int) -> None:
-        request_id = self._new_id()
-        try:
-            data = codec.encode_check_request(request_id, [(key, cost) for key, _, cost, _ in items])
-        except ValueError:  # a check the API should have refused: answer, never leave a caller hanging
-            self._fall_back(items)
-            return
-        flight = _InFlight(data, index, items, self.attempts)
-        self._inflight[request_id] = flight
-        self._transmit(request_id, flight)
-
-    def _transmit(self, request_id: int, flight: _InFlight) -> None:
-        flight.attempts_left -= 1
-        loop = asyncio.get_running_loop()
-        flight.timer = loop.call_later(self.timeout_s, self._on_timeout, request_id)
-        self._link.send(flight.data, self.addresses[flight.index])  # type: ignore[union-attr]
-
-    def _on_timeout(self, request_id: int) -> None:
-        flight = self._inflight.get(request_id)
-        if flight is None:
-            return
-        self.timeouts += 1
-        if flight.attempts_left > 0:
-            self._transmit(request_id, flight)
-            return
-        del self._inflight[request_id]
-        self._fall_back(flight.items)
-
-    def _fall_back(self, items: list[_Item]) -> None:
-        self.fallbacks += len(items)
-        for _, key, _, future in items:
-            if not future.done():
-                future.set_result(self.fallback_decision(key))
-
     def fallback_decision(self, key: str) -> Decision:
         """What a check gets when its partition cannot be reached."""
-        if self.fail_open:
-            return Decision(key, True, None, None, fallback=True)
-        return Decision(key, False, 0, FALLBACK_RETRY_MS, fallback=True)
+        return fallback_decision(key, fail_open=self.fail_open)
+
+    def _flush(self, index: int) -> None:
+        flights, answers = self._exchange.flush(index, self.addresses[index], asyncio.get_running_loop().time())
+        for flight in flights:
+            self._transmit(flight)
+        _answer(answers)
+
+    def _transmit(self, flight: Flight) -> None:
+        loop = asyncio.get_running_loop()
+        flight.handle = loop.call_at(flight.deadline, self._on_timeout, flight.request_id)
+        self._link.send(flight.data, flight.address)  # type: ignore[union-attr]
+
+    def _on_timeout(self, request_id: int) -> None:
+        outcome = self._exchange.timed_out(request_id, asyncio.get_running_loop().time())
+        if isinstance(outcome, Flight):
+            self._transmit(outcome)
+        else:
+            _answer(outcome)
 
     def _on_datagram(self, data: bytes, addr: Any) -> None:
+        flight, answers = self._exchange.receive(data, addr)
+        if flight is not None:
+            if flight.handle is not None:
+                flight.handle.cancel()
+            _answer(answers)
+            return
         try:
             op, request_id, _ = codec.decode_header(data)
         except codec.MalformedDatagram:
@@ -255,22 +192,6 @@ class PartitionClient:
             waiter = self._waiters.pop(request_id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(data)
-            return
-        flight = self._inflight.get(request_id)
-        if flight is None or addr[:2] != self.addresses[flight.index][:2]:
-            return  # a late answer to a retried or abandoned request, or not from its partition
-        try:
-            _, results = codec.decode_check_reply(data)
-        except codec.MalformedDatagram:
-            return
-        if len(results) != len(flight.items):
-            return
-        del self._inflight[request_id]
-        if flight.timer is not None:
-            flight.timer.cancel()
-        for (_, key, _, future), result in zip(flight.items, results, strict=True):
-            if not future.done():
-                future.set_result(_decision(key, result))
 
     async def call(self, index: int, data: bytes) -> bytes | None:
         """Send a control datagram (stats, invalidate) to one partition, with retries."""
@@ -290,7 +211,7 @@ class PartitionClient:
 
     async def stats(self, index: int) -> dict[str, int] | None:
         """Counters of one partition, or None if it does not answer."""
-        reply = await self.call(index, codec.encode_stats_request(self._new_id()))
+        reply = await self.call(index, codec.encode_stats_request(self._exchange.new_id()))
         return None if reply is None else codec.decode_stats_reply(reply)[1]
 
     async def invalidate(self, keys: Sequence[str]) -> None:
@@ -300,22 +221,14 @@ class PartitionClient:
             by_partition.setdefault(self.partition(key), []).append(key.encode("utf-8"))
         await asyncio.gather(
             *(
-                self.call(index, codec.encode_invalidate_request(self._new_id(), chunk[i : i + 200]))
+                self.call(index, codec.encode_invalidate_request(self._exchange.new_id(), chunk[i : i + 200]))
                 for index, chunk in by_partition.items()
                 for i in range(0, len(chunk), 200)
             )
         )
 
 
-def _decision(key: str, result: codec.ItemResult) -> Decision:
-    retry = result.retry_after_ms
-    window = result.window_ms
-    return Decision(
-        key,
-        result.allowed,
-        result.remaining,
-        None if retry == NEVER_MS else retry,
-        capacity=result.capacity,
-        window_ms=None if window == NEVER_MS else window,
-        default_rule=result.default_rule,
-    )
+def _answer(answers: list[tuple[asyncio.Future[Decision], Decision]]) -> None:
+    for future, decision in answers:
+        if not future.done():  # a caller may have given up (cancelled) meanwhile
+            future.set_result(decision)

@@ -80,7 +80,16 @@ def test_bad_rows_of_the_rules_file_are_reported_like_rules_import(local: Local)
 def test_check_answers_json_with_rate_limit_headers(local: Local) -> None:
     status, headers, body = local.request("GET", "/v1/check/alice")
     assert status == 200
-    assert body == {"key": "alice", "allowed": True, "remaining": 4, "retry_after_ms": 0, "fallback": False}
+    assert body == {
+        "key": "alice",
+        "allowed": True,
+        "remaining": 4,
+        "retry_after_ms": 0,
+        "fallback": False,
+        "capacity": 5,
+        "window_ms": 5000,
+        "policy": "default",
+    }
     assert headers["Content-Type"] == "application/json"
     assert headers["RateLimit-Policy"] == '"default";q=5;w=5'
     assert re.fullmatch(r'"default";r=4;t=\d+', headers["RateLimit"])
