@@ -42,6 +42,12 @@ def test_every_variable_is_read_and_typed() -> None:
         "SLUICEGATE_DYNAMODB_ENDPOINT": "http://127.0.0.1:5000",
         "SLUICEGATE_SYNC_INTERVAL_MS": "250",
         "SLUICEGATE_CHECKPOINT_INTERVAL_MS": "750",
+        "SLUICEGATE_NAMESPACE": "sg.internal",
+        "SLUICEGATE_PARTITION_ADDRESSES": "10.0.0.1:7000",
+        "SLUICEGATE_PARTITION_PORT": "7100",
+        "SLUICEGATE_PARTITION": "7",
+        "SLUICEGATE_DNS_TTL_S": "2.5",
+        "SLUICEGATE_POSTGRES_SECRET": '{"host": "h", "username": "u", "password": "p"}',
     }
     config = Config.from_env(env)
     assert config == Config(
@@ -64,6 +70,12 @@ def test_every_variable_is_read_and_typed() -> None:
         dynamodb_endpoint="http://127.0.0.1:5000",
         sync_interval_ms=250,
         checkpoint_interval_ms=750,
+        namespace="sg.internal",
+        partition_addresses="10.0.0.1:7000",
+        partition_port=7100,
+        partition=7,
+        dns_ttl_s=2.5,
+        postgres_secret='{"host": "h", "username": "u", "password": "p"}',
     )
     assert config.fail_open is False
     assert config.default_rule == default_rule(500, 2.5)
