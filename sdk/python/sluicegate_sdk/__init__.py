@@ -1,1 +1,24 @@
-"""Sluicegate's Python SDK (being built: see the SDK issue)."""
+"""Sluicegate's Python SDK: ask "may key K spend C units now?" from an application.
+
+* :class:`Client` / :class:`AsyncClient`: over the HTTP API (kept-alive connections).
+* :class:`DirectClient` / :class:`AsyncDirectClient`: straight to the partitions over UDP
+  (inside the VPC, or against ``sluicegate local``), skipping the router.
+* :mod:`sluicegate_sdk.wsgi`, :mod:`sluicegate_sdk.asgi`: ``RateLimitMiddleware``;
+  :func:`sluicegate_sdk.decorators.rate_limited`; :mod:`sluicegate_sdk.keys`: key functions.
+
+Example::
+
+    from sluicegate_sdk import Client
+
+    client = Client("http://127.0.0.1:8080", timeout=0.5, on_error="allow")
+    decision = client.check("alice", cost=1)
+    decision.allowed, decision.remaining, decision.retry_after, decision.fallback
+"""
+
+from sluicegate.decision import Decision
+from sluicegate_sdk.aio import AsyncClient
+from sluicegate_sdk.checks import CheckError
+from sluicegate_sdk.client import Client
+
+__all__ = ["AsyncClient", "CheckError", "Client", "Decision"]
+__version__ = "0.1.0"

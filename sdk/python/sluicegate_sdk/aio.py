@@ -1,0 +1,190 @@
+"""``AsyncClient``: the HTTP client for asyncio applications (streams, kept-alive connections).
+
+Same surface as :class:`sluicegate_sdk.Client`, with ``await``. Connections
+belong to the event loop that opened them: used from another loop (a test
+client that runs each request on a new loop, say), the client starts a new pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+
+from sluicegate.decision import Decision
+from sluicegate_sdk.checks import OnError, normalize_checks, validate_check
+from sluicegate_sdk.httpapi import USER_AGENT, Endpoint, Unavailable, batch_body, batches, decisions
+
+MAX_HEAD = 64 * 1024
+MAX_BODY = 4 * 1024 * 1024
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class AsyncClient:
+    """Checks over HTTP from asyncio: ``await check(key, cost=1)``, ``await check_many([...])``.
+
+    ``timeout`` bounds each HTTP request, in seconds; ``on_error`` is
+    ``"allow"`` (fail open) or ``"deny"`` (fail closed); ``pool_size`` idle
+    connections are kept.
+
+    Example::
+
+        async with AsyncClient("http://127.0.0.1:8080") as client:
+            decision = await client.check("alice")
+    """
+
+    def __init__(
+        self,
+        endpoint: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = 1.0,
+        on_error: str = "allow",
+        pool_size: int = 8,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+        self.endpoint = Endpoint.parse(endpoint)
+        self.timeout = timeout
+        self.on_error = OnError(on_error)
+        self.pool_size = pool_size
+        fields = {"Host": self.endpoint.host_header, "User-Agent": USER_AGENT, "Accept": "application/json"}
+        fields.update(headers or {})
+        self._head_fields = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
+        self._idle: list[Connection] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def fallbacks(self) -> int:
+        """Checks answered with the ``on_error`` fallback so far."""
+        return self.on_error.count
+
+    async def check(self, key: str, cost: int = 1) -> Decision:
+        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost."""
+        key, cost = validate_check(key, cost)
+        try:
+            status, body = await self._request("GET", self.endpoint.check_target(key, cost), b"")
+            return decisions(status, body, 1)[0]
+        except Unavailable as exc:
+            return self.on_error.decide(key, f"{self.endpoint.host_header}: {exc}")
+
+    async def check_many(self, checks: Iterable[str | tuple[str, int]]) -> list[Decision]:
+        """Several checks (keys, or ``(key, cost)`` pairs), decided in order; 100 per request."""
+        decided: list[Decision] = []
+        for chunk in batches(normalize_checks(checks)):
+            try:
+                status, body = await self._request("POST", self.endpoint.batch_target, batch_body(chunk))
+                decided += decisions(status, body, len(chunk))
+            except Unavailable as exc:
+                decided += [self.on_error.decide(key, f"{self.endpoint.host_header}: {exc}") for key, _ in chunk]
+        return decided
+
+    async def close(self) -> None:
+        """Close the idle connections; checks after this raise RuntimeError."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for _, writer in idle:
+            writer.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _request(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        if self._closed:
+            raise RuntimeError("this AsyncClient is closed")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Streams are tied to the loop that opened them: start afresh on this one.
+            self._loop, stale, self._idle = loop, self._idle, []
+            for _, writer in stale:
+                writer.transport.abort()
+        head = f"{method} {target} HTTP/1.1\r\n{self._head_fields}"
+        if method == "POST":
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        request = (head + "\r\n").encode("latin-1") + body
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._send(request)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, ssl.SSLError) as exc:
+            raise Unavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _send(self, request: bytes) -> tuple[int, bytes]:
+        reused = bool(self._idle)
+        conn = self._idle.pop() if reused else await self._connect()
+        while True:
+            try:
+                status, body, keep = await _round_trip(conn, request)
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                conn[1].transport.abort()
+                # A kept-alive connection the server closed meanwhile fails like this: once more on a new one.
+                if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                    raise
+                conn, reused = await self._connect(), False
+                continue
+            except BaseException:  # timed out, cancelled, garbled: the connection is in an unknown state
+                conn[1].transport.abort()
+                raise
+            if keep and not self._closed and len(self._idle) < self.pool_size:
+                self._idle.append(conn)
+            else:
+                conn[1].close()
+            return status, body
+
+    async def _connect(self) -> Connection:
+        endpoint = self.endpoint
+        context = ssl.create_default_context() if endpoint.scheme == "https" else None
+        return await asyncio.open_connection(endpoint.host, endpoint.port, ssl=context, limit=MAX_HEAD)
+
+
+async def _round_trip(conn: Connection, request: bytes) -> tuple[int, bytes, bool]:
+    """Write one request, read its answer: ``(status, body, keep the connection)``."""
+    reader, writer = conn
+    writer.write(request)
+    await writer.drain()
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    status_line, *lines = head[:-4].split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    status_text = rest[:3]
+    if not version.startswith("HTTP/1.") or not status_text.isdigit():
+        raise ValueError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    connection = headers.get("connection", "").lower()
+    keep = version == "HTTP/1.1" and "close" not in connection
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    elif "content-length" in headers:
+        length = int(headers["content-length"])
+        if not 0 <= length <= MAX_BODY:
+            raise ValueError(f"answer body of {length} bytes")
+        body = await reader.readexactly(length)
+    else:  # the body runs to the end of the connection
+        body, keep = await reader.read(MAX_BODY), False
+    return int(status_text), body, keep
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    total = 0
+    while True:
+        size = int((await reader.readline()).split(b";")[0].strip() or b"x", 16)
+        if size == 0:
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass  # trailer fields
+            return b"".join(parts)
+        total += size
+        if total > MAX_BODY:
+            raise ValueError("answer body too large")
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)

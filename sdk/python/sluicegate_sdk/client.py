@@ -1,0 +1,181 @@
+"""``Client``: checks over Sluicegate's HTTP API, with a pool of kept-alive connections.
+
+Thread-safe; one client per process is enough (a forked worker opens its own
+connections). When the service is down, slow or answers garbage, a check
+gets the ``on_error`` fallback (``fallback=True``) within ``timeout``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+
+from sluicegate.decision import Decision
+from sluicegate_sdk.checks import OnError, normalize_checks, validate_check
+from sluicegate_sdk.httpapi import USER_AGENT, Endpoint, Unavailable, batch_body, batches, decisions
+
+# A kept-alive connection the server has closed meanwhile fails like this on reuse: try once more on a new one.
+_STALE = (ConnectionResetError, BrokenPipeError)
+
+
+class Client:
+    """Checks over HTTP: ``check(key, cost=1) -> Decision`` and ``check_many([...])``.
+
+    ``timeout`` bounds each HTTP request (connect, send and answer), in
+    seconds; ``on_error`` is the answer when the service cannot be reached:
+    ``"allow"`` (fail open) or ``"deny"`` (fail closed). ``pool_size`` idle
+    connections are kept for reuse. ``headers`` are sent with every request.
+
+    Example::
+
+        with Client("http://127.0.0.1:8080", timeout=0.5) as client:
+            decision = client.check("alice", cost=2)
+            if not decision.allowed:
+                print("wait", decision.retry_after, "s")
+    """
+
+    def __init__(
+        self,
+        endpoint: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = 1.0,
+        on_error: str = "allow",
+        pool_size: int = 8,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+        self.endpoint = Endpoint.parse(endpoint)
+        self.timeout = timeout
+        self.on_error = OnError(on_error)
+        self.pool_size = pool_size
+        self._headers = {
+            "Host": self.endpoint.host_header,
+            "User-Agent": USER_AGENT,
+            "Accept": "application/json",
+            **(headers or {}),
+        }
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+
+    @property
+    def fallbacks(self) -> int:
+        """Checks answered with the ``on_error`` fallback so far."""
+        return self.on_error.count
+
+    def check(self, key: str, cost: int = 1) -> Decision:
+        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost."""
+        key, cost = validate_check(key, cost)
+        try:
+            status, body = self._request("GET", self.endpoint.check_target(key, cost), None)
+            return decisions(status, body, 1)[0]
+        except Unavailable as exc:
+            return self.on_error.decide(key, f"{self.endpoint.host_header}: {exc}")
+
+    def check_many(self, checks: Iterable[str | tuple[str, int]]) -> list[Decision]:
+        """Several checks (keys, or ``(key, cost)`` pairs), decided in order; 100 per request."""
+        decided: list[Decision] = []
+        for chunk in batches(normalize_checks(checks)):
+            try:
+                status, body = self._request("POST", self.endpoint.batch_target, batch_body(chunk))
+                decided += decisions(status, body, len(chunk))
+            except Unavailable as exc:
+                decided += [self.on_error.decide(key, f"{self.endpoint.host_header}: {exc}") for key, _ in chunk]
+        return decided
+
+    def close(self) -> None:
+        """Close the idle connections; checks after this raise RuntimeError."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _request(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
+        deadline = time.monotonic() + self.timeout
+        headers = self._headers if body is None else {**self._headers, "Content-Type": "application/json"}
+        conn, reused = self._take()
+        while True:
+            try:
+                status, data, keep = _round_trip(conn, method, target, body, headers, deadline)
+            except _STALE as exc:
+                conn.close()
+                if not reused:
+                    raise Unavailable(f"{type(exc).__name__}: {exc}") from exc
+                conn, reused = self._connection(), False
+                continue
+            except (OSError, http.client.HTTPException) as exc:  # refused, timed out, garbled
+                conn.close()
+                raise Unavailable(f"{type(exc).__name__}: {exc}") from exc
+            self._give_back(conn, keep)
+            return status, data
+
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection (reused=True) or a new one."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Client is closed")
+            if self._pid != os.getpid():
+                # Forked: the parent's connections are not ours to use (their answers could go to either process).
+                self._pid, self._idle = os.getpid(), []
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connection(), False
+
+    def _connection(self) -> http.client.HTTPConnection:
+        endpoint = self.endpoint
+        if endpoint.scheme == "https":
+            return http.client.HTTPSConnection(
+                endpoint.host, endpoint.port, timeout=self.timeout, context=ssl.create_default_context()
+            )
+        return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=self.timeout)
+
+    def _give_back(self, conn: http.client.HTTPConnection, keep: bool) -> None:
+        with self._lock:
+            if keep and not self._closed and self._pid == os.getpid() and len(self._idle) < self.pool_size:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+
+def _round_trip(
+    conn: http.client.HTTPConnection,
+    method: str,
+    target: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    deadline: float,
+) -> tuple[int, bytes, bool]:
+    """One request and its answer, all of it before ``deadline``: ``(status, body, keep the connection)``."""
+    conn.timeout = _left(deadline)
+    if conn.sock is None:
+        conn.connect()
+    else:
+        conn.sock.settimeout(conn.timeout)
+    conn.request(method, target, body, dict(headers))
+    conn.sock.settimeout(_left(deadline))  # type: ignore[union-attr]
+    response = conn.getresponse()
+    data = response.read()
+    return response.status, data, not response.will_close
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
