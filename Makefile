@@ -11,6 +11,7 @@ BENCH_PACKAGES := redis-server redis-tools nginx wrk gcc
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: run test lint format bench bench-import clean venv test-deps bench-deps
+.PHONY: loadtest-deps experiment
 
 # Install Debian packages that are missing (sudo when not root).
 define apt_install
@@ -49,7 +50,7 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: venv test-deps lint
+test: venv test-deps loadtest-deps lint
 	$(BIN)/python -m pytest -q
 
 bench: venv bench-deps
@@ -58,6 +59,19 @@ bench: venv bench-deps
 # 1,000,000 rules into SQLite and PostgreSQL: time and peak memory (about 2 minutes).
 bench-import: venv test-deps
 	$(BIN)/python bench/import_rules.py
+
+# Artillery for loadtest/ (about 590 MB, a minute the first time; nothing when installed): exactly
+# the committed lock, no install scripts (a Playwright dependency would try to download a browser).
+LOADTEST_STAMP := loadtest/node_modules/.installed
+$(LOADTEST_STAMP): loadtest/package.json loadtest/package-lock.json
+	cd loadtest && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $(LOADTEST_STAMP)
+
+loadtest-deps: $(LOADTEST_STAMP)
+
+# The paper's application-integration experiment (Janus Fig. 13): two 60 s runs, about 2.5 minutes.
+experiment: venv loadtest-deps
+	$(BIN)/python -m loadtest.experiment.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache bench/build
