@@ -19,6 +19,8 @@ from sluicegate.decision import Decision
 from sluicegate_sdk.aio import AsyncClient
 from sluicegate_sdk.checks import CheckError
 from sluicegate_sdk.client import Client
+from sluicegate_sdk.direct import DirectClient
+from sluicegate_sdk.direct_async import AsyncDirectClient
 
-__all__ = ["AsyncClient", "CheckError", "Client", "Decision"]
+__all__ = ["AsyncClient", "AsyncDirectClient", "CheckError", "Client", "Decision", "DirectClient"]
 __version__ = "0.1.0"

@@ -58,10 +58,14 @@ class OnError:
 
     def decide(self, key: str, reason: str = "the service did not answer") -> Decision:
         """The fallback decision for ``key``; ``reason`` goes to the log."""
-        self.count += 1
+        self.note(reason)
+        return fallback_decision(key, fail_open=self.fail_open)
+
+    def note(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` fallbacks decided elsewhere; log the first of each minute."""
+        self.count += count
         now = time.monotonic()
         if now - self._logged_at >= LOG_EVERY_S:
             self._logged_at = now
             verdict = "allowing" if self.fail_open else "denying"
             log.warning("sluicegate: %s; %s checks (fallbacks so far: %d)", reason, verdict, self.count)
-        return fallback_decision(key, fail_open=self.fail_open)

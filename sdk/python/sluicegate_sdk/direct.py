@@ -1,0 +1,221 @@
+"""``DirectClient``: checks straight to the partitions over UDP, skipping the router (thread-safe).
+
+Keys are hashed as the router hashes them, datagrams use its codec, and a
+datagram is retried with the same request id (the partition answers a repeat
+from its reply cache, so nothing is charged twice); when every attempt timed
+out, the check gets the ``on_error`` fallback. The protocol state is the
+core's :class:`sluicegate.exchange.Exchange`; this module adds blocking I/O.
+
+Concurrent checks from several threads are coalesced: one thread at a time
+(the "pump") sends and receives for everyone, and checks queued meanwhile go
+out together, one datagram per partition. A lone thread pays no hand-off.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from sluicegate.decision import Decision
+from sluicegate.exchange import Answer
+from sluicegate.router.directory import UNREACHABLE
+from sluicegate_sdk.checks import normalize_checks, validate_check
+from sluicegate_sdk.partitions import DirectBase
+
+DRAIN_LIMIT = 256  # datagrams read per wake-up
+
+
+class _Slot:
+    __slots__ = ("decision",)
+
+    def __init__(self) -> None:
+        self.decision: Decision | None = None
+
+
+class DirectClient(DirectBase):
+    """Checks over UDP to the partitions: ``check(key, cost=1)``, ``check_many([...])``.
+
+    ``partitions=[(host, port), ...]`` in partition order, or
+    ``namespace="sluicegate.internal", partition_count=N`` (names
+    ``p<i>.<namespace>`` on ``port``, resolved again after ``dns_ttl``).
+    ``timeout`` is per attempt (seconds), ``attempts`` how many; a check
+    answers within about ``timeout * attempts`` even when nothing does.
+
+    Example::
+
+        client = DirectClient(namespace="sluicegate.internal", partition_count=4)
+        client.check("alice").allowed
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pid = os.getpid()
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+        self._pumping = False  # a thread is sending and receiving for everyone
+        self._asleep = False  # ... and waits for datagrams: nudge it when queueing
+        self._nudged = False
+        self._io: _Io | None = None
+        self._closed = False
+
+    def check(self, key: str, cost: int = 1) -> Decision:
+        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost."""
+        return self._run([validate_check(key, cost)])[0]
+
+    def check_many(self, checks: Iterable[str | tuple[str, int]]) -> list[Decision]:
+        """Several checks (keys, or ``(key, cost)`` pairs), decided in order, one datagram per partition."""
+        return self._run(normalize_checks(checks))
+
+    def close(self) -> None:
+        """Close the sockets (call it when no check is running); checks after this raise RuntimeError."""
+        with self._lock:
+            self._closed = True
+            io, self._io = self._io, None
+        if io is not None:
+            io.close()
+
+    def __enter__(self) -> DirectClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _run(self, checks: list[tuple[str, int]]) -> list[Decision]:
+        if self._pid != os.getpid():
+            # Forked: the parent's sockets and datagrams in flight are not ours (replies could go to either).
+            self._pid = os.getpid()
+            self._fresh_state()
+            self._exchange = self._new_exchange()
+        slots = [_Slot() for _ in checks]
+        with self._turn:
+            if self._closed:
+                raise RuntimeError("this DirectClient is closed")
+            if self._io is None:
+                self._io = _Io()
+            io = self._io
+            for (key, cost), slot in zip(checks, slots, strict=True):
+                self._exchange.queue(self.partition(key), key, cost, slot)
+            while True:
+                if _done(slots):
+                    return [slot.decision for slot in slots]  # type: ignore[misc]
+                if not self._pumping:
+                    self._pumping = True
+                    break
+                if self._asleep and not self._nudged:
+                    self._nudged = True
+                    io.nudge()  # the pump sends our checks at once instead of after its wait
+                self._turn.wait()
+        try:
+            self._pump(io, slots)
+        finally:
+            with self._turn:
+                self._pumping = False
+                self._turn.notify_all()  # a waiter whose checks are still in flight takes over
+        return [slot.decision for slot in slots]  # type: ignore[misc]
+
+    def _pump(self, io: _Io, slots: list[_Slot]) -> None:
+        """Send what is queued, receive, retry and expire, until ``slots`` are all decided."""
+        exchange = self._exchange
+        while True:
+            addresses = self._directory.addresses()  # cheap unless the TTL ran out (then it resolves)
+            with self._turn:
+                now = time.monotonic()
+                sends = []
+                answers: list[Answer] = []
+                for index in list(exchange.queued):
+                    if addresses[index] == UNREACHABLE:  # its name never resolved: no use waiting for the timeouts
+                        answers += exchange.fail_queued(index)
+                        continue
+                    flights, failed = exchange.flush(index, addresses[index], now)
+                    sends += flights
+                    answers += failed
+                resend, expired = exchange.expire(now)
+                sends += resend
+                self._deliver(answers + expired)
+                done = _done(slots)
+                deadline = exchange.next_deadline()
+                self._asleep, self._nudged = not done, False
+            for flight in sends:  # flushed flights must go out even when ours are all decided
+                io.send(flight.data, flight.address)
+            if done:
+                return
+            received = io.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            with self._turn:
+                self._asleep = False
+                answers = []
+                for data, sender in received:
+                    answers += exchange.receive(data, sender)[1]
+                self._deliver(answers)
+
+    def _deliver(self, answers: list[Answer]) -> None:
+        """Hand decisions to their slots (the lock held) and wake the threads waiting for them."""
+        if not answers:
+            return
+        for slot, decision in answers:
+            slot.decision = decision
+        self._note_fallbacks([decision for _, decision in answers])
+        self._turn.notify_all()
+
+
+def _done(slots: list[_Slot]) -> bool:
+    return all(slot.decision is not None for slot in slots)
+
+
+class _Io:
+    """The client's UDP sockets (one per address family, opened on first use) and a waker."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.sockets: dict[int, socket.socket] = {}
+        self.waker, self._nudger = socket.socketpair()
+        for sock in (self.waker, self._nudger):
+            sock.setblocking(False)
+        self.selector.register(self.waker, selectors.EVENT_READ)
+
+    def send(self, data: bytes, address: tuple[Any, ...]) -> None:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        sock = self.sockets.get(family)
+        if sock is None:
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+            self.sockets[family] = sock
+            self.selector.register(sock, selectors.EVENT_READ)
+        try:
+            sock.sendto(data, address)
+        except OSError:
+            pass  # buffer full, or an error from a stopped partition: the retry timer handles it
+
+    def nudge(self) -> None:
+        try:
+            self._nudger.send(b"\0")
+        except OSError:
+            pass  # already nudged (buffer full)
+
+    def wait(self, timeout: float | None) -> list[tuple[bytes, Any]]:
+        """Datagrams that arrive within ``timeout`` (all that are queued once one is); [] on a nudge."""
+        received = []
+        for key, _ in self.selector.select(timeout):
+            sock = key.fileobj
+            for _ in range(DRAIN_LIMIT):
+                try:
+                    data, sender = sock.recvfrom(65535)  # type: ignore[union-attr]
+                except OSError:  # nothing more queued (BlockingIOError), or an ICMP error
+                    break
+                if sock is not self.waker:
+                    received.append((data, sender))
+        return received
+
+    def close(self) -> None:
+        self.selector.close()
+        for sock in (*self.sockets.values(), self.waker, self._nudger):
+            sock.close()
