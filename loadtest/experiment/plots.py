@@ -1,0 +1,82 @@
+"""PNG figures of the application-integration experiment (matplotlib, no display needed).
+
+* :func:`plot_throughput`: accepted and rejected requests per second of one run, with the refill
+  rate, the client's rate and the moment the bucket should be empty (the paper's Fig. 13).
+* :func:`plot_latency`: the latency distribution of accepted vs rejected requests of each run.
+
+Example::
+
+    plot_throughput(summary, Path("results/run-a.png"))
+    plot_latency([summary_a, summary_b], Path("results/latency.png"))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server or in CI
+
+import matplotlib.pyplot as plt  # after choosing the backend
+
+from loadtest.experiment.analysis import RunSummary, Sample
+
+ACCEPTED_COLOR, REJECTED_COLOR = "#2e7d32", "#c62828"
+
+
+def plot_throughput(run: RunSummary, path: Path) -> Path:
+    """Stacked bars of accepted/rejected requests for each second of ``run``."""
+    seconds = [s.second for s in run.seconds]
+    accepted = [s.accepted for s in run.seconds]
+    rejected = [s.rejected for s in run.seconds]
+    figure, axes = plt.subplots(figsize=(9, 4.5), dpi=110)
+    axes.bar(seconds, accepted, width=1.0, align="edge", color=ACCEPTED_COLOR, label="accepted (200)")
+    axes.bar(seconds, rejected, width=1.0, align="edge", bottom=accepted, color=REJECTED_COLOR, label="rejected (429)")
+    expected = run.expected
+    axes.axhline(expected.rate, color="black", linestyle="--", linewidth=1, label=f"refill {expected.rate:g}/s")
+    axes.axhline(expected.offered, color="grey", linestyle=":", linewidth=1, label=f"client {expected.offered:g}/s")
+    if not math.isinf(expected.burst_s) and expected.burst_s < run.duration_s:
+        axes.axvline(expected.burst_s, color="black", linestyle="-.", linewidth=1, label="bucket empty (expected)")
+    axes.set_xlim(0, run.duration_s)
+    axes.set_ylim(0, max([expected.offered, *(a + r for a, r in zip(accepted, rejected, strict=True))]) * 1.15)
+    axes.set_xlabel("time since the first request (s)")
+    axes.set_ylabel("requests per second")
+    axes.set_title(f"{run.name}: capacity {expected.capacity:g}, refill {expected.rate:g}/s")
+    axes.legend(loc="upper right", fontsize="small", ncols=2)
+    axes.grid(axis="y", alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_latency(runs: Sequence[RunSummary], samples: Sequence[Sequence[Sample]], path: Path) -> Path:
+    """One panel per run: cumulative distribution of latency, accepted vs rejected, with the p90s marked."""
+    figure, panels = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), dpi=110, squeeze=False)
+    for axes, run, run_samples in zip(panels[0], runs, samples, strict=True):
+        for label, status, color in (("accepted", 200, ACCEPTED_COLOR), ("rejected", 429, REJECTED_COLOR)):
+            values = sorted(s.latency_ms for s in run_samples if s.status == status)
+            if not values:
+                continue
+            fractions = [(i + 1) / len(values) for i in range(len(values))]
+            axes.step(values, fractions, where="post", color=color, label=f"{label} ({len(values)})")
+            p90 = run.latency[label][90]
+            if p90 is not None:
+                axes.axvline(p90, color=color, linestyle=":", linewidth=1)
+                axes.annotate(f"p90 {p90:.1f} ms", (p90, 0.9), color=color, fontsize="small", ha="left")
+        axes.set_xscale("log")
+        axes.set_ylim(0, 1.02)
+        axes.set_xlabel("latency (ms, log scale)")
+        axes.set_ylabel("fraction of requests")
+        axes.set_title(run.name)
+        axes.legend(loc="lower right", fontsize="small")
+        axes.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def _save(figure: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    plt.close(figure)
+    return path
