@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import sdk_paths
 from context import BATCH, BENCH, CAPACITY, CONNS, KEYS, RATE, Context
 
 RESULTS = BENCH / "results.md"
@@ -250,6 +251,7 @@ def report(ctx: Context, started: float) -> str:
     ]
     lines += [f"- {note}" for note in ctx.notes]
     lines += saturation_notes(ctx)
+    lines += sdk_paths.report_lines(ctx)
     return "\n".join(lines) + "\n"
 
 

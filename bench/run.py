@@ -17,6 +17,9 @@ Scenarios (all traffic to 127.0.0.1, every load loop bounded in time):
 5. resident memory of one partition holding 1,000,000 keys;
 6. CPU% of every server and load generator, and the ceiling of our UDP load
    generator against a trivial C reflector.
+7. the Python SDK end to end (``sdk_paths.py``, ``sdkload.py``): direct UDP sync and
+   async, one caller and many (coalesced), and over HTTP, with the Redis figure
+   of (1) for scale.
 
 Every process started here is stopped by its PID in a ``finally``.
 """
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baselines
 import front
 import report
+import sdk_paths
 import udp
 from context import Context
 from procs import machine_user_sys, stop_all
@@ -51,6 +55,7 @@ def run(ctx: Context) -> None:
         ("load generator ceiling (6)", udp.echo_ceiling),
         ("HTTP front (3)", front.http_front),
         ("nginx baseline (3)", baselines.nginx),
+        ("Python SDK paths (7)", sdk_paths.scenarios),
         ("memory (5)", udp.memory),
     ]
     t0 = time.monotonic()
