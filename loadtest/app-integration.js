@@ -23,12 +23,19 @@ function recordResponse(req, res, context, events, next) {
       sent_ms: context.vars.$sentMs, // epoch milliseconds
       status: res.statusCode,
       latency_ms: Number(elapsedNs) / 1e6,
-      first_byte_ms: res.timings && res.timings.phases ? res.timings.phases.firstByte : null
+      first_byte_ms: res.timings && res.timings.phases ? res.timings.phases.firstByte : null,
+      app_ms: appMs(res.headers['server-timing'])
     };
     // One write per line with O_APPEND: lines of concurrent workers never interleave.
     fs.appendFileSync(LOG, JSON.stringify(line) + '\n');
   }
   return next();
+}
+
+// The demo app's own time, from its `Server-Timing: app;dur=<ms>` header (null without one).
+function appMs(header) {
+  const match = /(?:^|,)\s*app;dur=([0-9.]+)/.exec(header || '');
+  return match ? Number(match[1]) : null;
 }
 
 module.exports = { startTimer, recordResponse };

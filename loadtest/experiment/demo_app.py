@@ -28,6 +28,7 @@ from sluicegate_sdk.keys import KeyFunc, RequestInfo, client_ip, header
 from sluicegate_sdk.wsgi import RateLimitMiddleware
 
 UNLIMITED_PATHS = frozenset({"/healthz"})
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def busy(cpu_seconds: float) -> int:
@@ -41,7 +42,7 @@ def busy(cpu_seconds: float) -> int:
     return rounds
 
 
-def page_app(*, work_s: float) -> Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]:
+def page_app(*, work_s: float) -> WsgiApp:
     """The application being protected: a page after ``work_s`` of CPU, and a health check."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -88,10 +89,29 @@ class QuietHandler(WSGIRequestHandler):
         pass
 
 
-def build(sluicegate: str, *, key: str = "ip", work_ms: float = 2.0, timeout_s: float = 0.5) -> Callable[..., Any]:
+def server_timing(app: WsgiApp) -> WsgiApp:
+    """Add ``Server-Timing: app;dur=<ms>``: the time from the request reaching the app to its status line.
+
+    The experiment logs it next to the latency the client sees, to tell time spent in the app
+    (the check and the page) from time spent before it (the client, the network, the accept queue).
+    """
+
+    def timed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        started = time.perf_counter()
+
+        def start_timed(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            return start_response(status, [*headers, ("Server-Timing", f"app;dur={elapsed_ms:.3f}")], exc_info)
+
+        return app(environ, start_timed)
+
+    return timed
+
+
+def build(sluicegate: str, *, key: str = "ip", work_ms: float = 2.0, timeout_s: float = 0.5) -> WsgiApp:
     """The page app behind the SDK's middleware (fail open: a Sluicegate outage must not take the page down)."""
     client = Client(sluicegate, timeout=timeout_s, on_error="allow", pool_size=32)
-    return RateLimitMiddleware(page_app(work_s=work_ms / 1000), client, key=key_function(key))
+    return server_timing(RateLimitMiddleware(page_app(work_s=work_ms / 1000), client, key=key_function(key)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -86,7 +86,7 @@ def run_all(
         print(f"{spec.name}: {rate} requests/s for {duration_s} s ...", flush=True)
         done.append(run_one(spec, results, duration_s=duration_s, rate=rate, work_ms=work_ms))
     summaries = [result.summary for result in done]
-    figures = [plot_throughput(result.summary, results / f"{result.spec.slug}.png") for result in done]
+    figures = [plot_throughput(r.summary, r.samples, results / f"{r.spec.slug}.png") for r in done]
     figures.append(plot_latency(summaries, [result.samples for result in done], results / "latency.png"))
     for result in done:
         write_counts(result.summary, results / f"{result.spec.slug}.csv")

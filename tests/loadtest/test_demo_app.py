@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ def test_pages_are_limited_per_client_ip_with_rate_limit_headers(sluicegate: str
         status, headers, body = get(port, "/")
         assert status == 200 and b"<h1>Hello 127.0.0.1</h1>" in body
         assert headers["RateLimit-Policy"] == '"default";q=3;w=3' and headers["RateLimit"].startswith('"default";r=2;')
+        assert re.fullmatch(r"app;dur=\d+\.\d{3}", headers["Server-Timing"])
         assert [get(port, "/")[0] for _ in range(2)] == [200, 200]
         status, headers, body = get(port, "/")
         assert status == 429 and headers["Retry-After"] == "1" and json.loads(body)["retry_after"] == 1
@@ -78,6 +80,7 @@ def test_a_short_experiment_run_counts_and_plots_what_artillery_saw(tmp_path: Pa
     assert run.accepted + run.rejected == 100 and run.other == 0 and run.errors == 0
     assert 10 + 5 * 4 <= run.accepted <= 10 + 5 * 5 + 1
     assert run.first_rejection_s is not None and run.first_rejection_s < 1.5
+    assert run.app_latency["accepted"][50] is not None and run.app_latency["rejected"][50] is not None
     assert all(18 <= second.accepted + second.rejected <= 22 for second in run.seconds)  # arrivals jitter a little
     for name in ("tiny.csv", "tiny.png", "latency.png", "summary.md", "tiny.jsonl", "tiny.report.json"):
         assert (tmp_path / name).stat().st_size > 0

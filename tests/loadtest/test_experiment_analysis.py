@@ -37,11 +37,11 @@ def simulate(
         now = i / offered
         credit = min(capacity, credit + (now - last) * rate)
         last = now
-        if credit >= 1:
-            credit -= 1
-            samples.append(Sample(now, 200, accepted_ms + (i % 10) * 0.1))
-        else:
-            samples.append(Sample(now, 429, rejected_ms + (i % 10) * 0.1))
+        # The app's own time is most of what the client sees (plus ~0.5 ms of network).
+        latency = (accepted_ms if credit >= 1 else rejected_ms) + (i % 10) * 0.1
+        status = 200 if credit >= 1 else 429
+        credit -= 1 if status == 200 else 0
+        samples.append(Sample(now, status, latency, latency - 0.5))
     return samples
 
 
@@ -65,6 +65,7 @@ def test_run_b_settles_at_ten_a_second_after_about_a_second() -> None:
     assert run.first_rejection_s == pytest.approx(0.83, abs=0.05)
     assert run.steady_rate == pytest.approx(10, abs=0.2)
     assert run.latency["rejected"][90] < run.latency["accepted"][90]
+    assert run.app_latency["accepted"][50] == pytest.approx(run.latency["accepted"][50] - 0.5)
     assert run.ok, run.checks
 
 
@@ -79,6 +80,19 @@ def test_checks_fail_when_the_limit_is_not_enforced_or_rejections_are_slow() -> 
 
     slow_429 = summarize("B", simulate(100, 10, 130, 60, rejected_ms=50), RUN_B, duration_s=60)
     assert [check.ok for check in slow_429.checks if "p90" in check.what] == [False]
+
+
+def test_latencies_are_compared_over_the_seconds_where_both_outcomes_occur() -> None:
+    # Fast pages while the bucket is full (a quiet machine), slower ones later, rejections in between:
+    # over the whole run the rejections look slow; over the same seconds they are faster.
+    samples = [
+        Sample(s.at_s, s.status, 1.0 if s.at_s < 33 else s.latency_ms)
+        for s in simulate(1000, 100, 130, 60, accepted_ms=9.0, rejected_ms=4.0)
+    ]
+    run = summarize("A", samples, RUN_A, duration_s=60)
+    assert run.latency["accepted"][50] == 1.0 and run.latency["rejected"][50] > 1.0
+    assert run.steady_latency["rejected"][90] < run.steady_latency["accepted"][90]
+    assert [check.ok for check in run.checks if "p90" in check.what] == [True]
 
     errors = summarize("B", [*simulate(100, 10, 130, 5), Sample(4.5, 502, 3.0)], RUN_B, duration_s=5, errors=2)
     assert errors.other == 1 and errors.errors == 2
@@ -106,9 +120,10 @@ def test_percentile_of_nothing_is_none() -> None:
 
 def test_load_samples_reads_artillery_lines_relative_to_the_first_request(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    rows = [(1_700_000_001_500, 429, 0.8), (1_700_000_000_000, 200, 4.25)]
-    log.write_text("".join(json.dumps({"sent_ms": t, "status": s, "latency_ms": lat}) + "\n" for t, s, lat in rows))
-    assert load_samples(log) == [Sample(0.0, 200, 4.25), Sample(1.5, 429, 0.8)]
+    rows = [(1_700_000_001_500, 429, 0.8, None), (1_700_000_000_000, 200, 4.25, 3.5)]
+    lines = [{"sent_ms": t, "status": s, "latency_ms": lat, "app_ms": app} for t, s, lat, app in rows]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert load_samples(log) == [Sample(0.0, 200, 4.25, 3.5), Sample(1.5, 429, 0.8, None)]
     log.write_text(log.read_text() + '{"status": 200}\n')
     with pytest.raises(ValueError, match=r"run\.jsonl:3: not a response line"):
         load_samples(log)
@@ -125,7 +140,7 @@ def test_results_are_written_as_csv_markdown_and_png(tmp_path: Path) -> None:
     assert rows[-1]["accepted"] in {"99", "100", "101"}
 
     figures = [
-        plot_throughput(run_a, tmp_path / "run-a.png"),
+        plot_throughput(run_a, samples_a, tmp_path / "run-a.png"),
         plot_latency([run_a, run_b], [samples_a, samples_b], tmp_path / "latency.png"),
     ]
     for figure in figures:
@@ -138,7 +153,8 @@ def test_results_are_written_as_csv_markdown_and_png(tmp_path: Path) -> None:
     assert "![run-a](run-a.png)" in summary and "![latency](latency.png)" in summary
     assert "NOT MET" not in summary and "* shared CPUs" in summary
     p50, p90 = run_b.latency["rejected"][50], run_b.latency["rejected"][90]
-    assert f"| Run B | rejected | {p50:.2f} | {p90:.2f} |" in summary and 1.5 <= p50 < p90 <= 2.4
+    assert f"| Run B | rejected | client, whole run | {p50:.2f} | {p90:.2f} |" in summary and 1.5 <= p50 < p90 <= 2.4
+    assert "| Run B | accepted | in the app, whole run | 5.90 | 6.30 | 6.40 |" in summary
 
     unlimited = summarize("Run A", simulate(10**9, 100, 130, 60), RUN_A, duration_s=60)
     assert "Run A: NOT MET: all accepted until the bucket is empty" in summary_markdown([unlimited])
