@@ -12,6 +12,7 @@ export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: run test lint format bench bench-import clean venv test-deps bench-deps
 .PHONY: loadtest-deps experiment
+.PHONY: cdk-cli synth deploy destroy bootstrap
 
 # Install Debian packages that are missing (sudo when not root).
 define apt_install
@@ -50,7 +51,7 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: venv test-deps loadtest-deps lint
+test: venv test-deps loadtest-deps cdk-cli lint
 	$(BIN)/python -m pytest -q
 
 bench: venv bench-deps
@@ -73,5 +74,32 @@ loadtest-deps: $(LOADTEST_STAMP)
 experiment: venv loadtest-deps
 	$(BIN)/python -m loadtest.experiment.run
 
+# AWS deployment (infra/): the CDK CLI pinned by package-lock.json, run with the app in cdk.json.
+# Settings are CDK context: `make deploy CDK_CONTEXT="-c partitions=16 -c front=route53 ..."`.
+CDK_STAMP := node_modules/.installed
+CDK_QUIET := CDK_DISABLE_CLI_TELEMETRY=true CDK_DISABLE_VERSION_CHECK=1 JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20
+CDK := $(CDK_QUIET) npx --no-install cdk
+CDK_CONTEXT ?=
+$(CDK_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(CDK_STAMP)
+
+cdk-cli: $(CDK_STAMP)
+
+# Offline: no AWS account or credentials needed (and no EC2 metadata probe); writes cdk.out/.
+synth: venv cdk-cli
+	AWS_EC2_METADATA_DISABLED=true $(CDK) synth --quiet $(CDK_CONTEXT)
+
+# Once per account and region, before the first deploy.
+bootstrap: venv cdk-cli
+	$(CDK) bootstrap $(CDK_CONTEXT)
+
+# Needs AWS credentials and Docker (or Finch) able to build linux/arm64 images.
+deploy: venv cdk-cli
+	$(CDK) deploy $(CDK_CONTEXT)
+
+destroy: venv cdk-cli
+	$(CDK) destroy $(CDK_CONTEXT)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache bench/build
+	rm -rf $(VENV) .pytest_cache .ruff_cache bench/build build cdk.out

@@ -1,0 +1,1 @@
+"""The Sluicegate CDK app (``python -m infra.app``): constructs per deployable, one stack composing them."""
