@@ -28,8 +28,6 @@ from sluicegate.router.directory import UNREACHABLE
 from sluicegate_sdk.checks import normalize_checks, validate_check
 from sluicegate_sdk.partitions import DirectBase
 
-DRAIN_LIMIT = 256  # datagrams read per wake-up
-
 
 class _Slot:
     __slots__ = ("decision",)
@@ -202,17 +200,20 @@ class _Io:
             pass  # already nudged (buffer full)
 
     def wait(self, timeout: float | None) -> list[tuple[bytes, Any]]:
-        """Datagrams that arrive within ``timeout`` (all that are queued once one is); [] on a nudge."""
+        """The datagrams that arrive within ``timeout``, one per ready socket; [] on a nudge or a timeout.
+
+        One read per wake-up: a read that finds nothing raises, which costs more than
+        asking the selector again when several datagrams are queued.
+        """
         received = []
         for key, _ in self.selector.select(timeout):
             sock = key.fileobj
-            for _ in range(DRAIN_LIMIT):
-                try:
-                    data, sender = sock.recvfrom(65535)  # type: ignore[union-attr]
-                except OSError:  # nothing more queued (BlockingIOError), or an ICMP error
-                    break
-                if sock is not self.waker:
-                    received.append((data, sender))
+            try:
+                data, sender = sock.recvfrom(65535)  # type: ignore[union-attr]
+            except OSError:  # an ICMP error from a stopped partition
+                continue
+            if sock is not self.waker:
+                received.append((data, sender))
         return received
 
     def close(self) -> None:
