@@ -44,10 +44,11 @@ def plot_throughput(run: RunSummary, samples: Sequence[Sample], path: Path) -> P
     if not math.isinf(expected.burst_s) and expected.burst_s < run.duration_s:
         axes.axvline(expected.burst_s, color="black", linestyle="-.", linewidth=1, label="bucket empty (expected)")
     axes.set_xlim(0, run.duration_s)
-    axes.set_ylim(0, max([expected.offered, *(a + r for a, r in zip(accepted, rejected, strict=True))]) * 1.15)
+    # Head room above the bars for the legend.
+    axes.set_ylim(0, max([expected.offered, *(a + r for a, r in zip(accepted, rejected, strict=True))]) * 1.4)
     axes.set_ylabel("requests per second")
     axes.set_title(f"{run.name}: capacity {expected.capacity:g}, refill {expected.rate:g}/s")
-    axes.legend(loc="upper right", fontsize="small", ncols=2)
+    axes.legend(loc="upper center", fontsize="small", ncols=3)
     axes.grid(axis="y", alpha=0.3)
     # Latency over time shows slow spells (e.g. other work on a shared machine) next to the counts.
     middle = [second + 0.5 for second in seconds]
@@ -70,7 +71,8 @@ def plot_latency(runs: Sequence[RunSummary], samples: Sequence[Sequence[Sample]]
     """One panel per run: cumulative distribution of latency, accepted vs rejected, with the p90s marked."""
     figure, panels = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), dpi=110, squeeze=False)
     for axes, run, run_samples in zip(panels[0], runs, samples, strict=True):
-        for label, status, color in (("accepted", ACCEPTED, ACCEPTED_COLOR), ("rejected", REJECTED, REJECTED_COLOR)):
+        outcomes = (("accepted", ACCEPTED, ACCEPTED_COLOR, 0.5), ("rejected", REJECTED, REJECTED_COLOR, 0.4))
+        for label, status, color, label_y in outcomes:
             values = sorted(s.latency_ms for s in run_samples if s.status == status)
             if not values:
                 continue
@@ -79,7 +81,7 @@ def plot_latency(runs: Sequence[RunSummary], samples: Sequence[Sequence[Sample]]
             p90 = run.latency[label][90]
             if p90 is not None:
                 axes.axvline(p90, color=color, linestyle=":", linewidth=1)
-                axes.annotate(f"p90 {p90:.1f} ms", (p90, 0.9), color=color, fontsize="small", ha="left")
+                axes.annotate(f" p90 {p90:.1f} ms", (p90, label_y), color=color, fontsize="small", ha="left")
         axes.set_xscale("log")
         axes.set_ylim(0, 1.02)
         axes.set_xlabel("latency (ms, log scale)")
