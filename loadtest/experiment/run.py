@@ -68,7 +68,7 @@ class RunResult:
     spec: RunSpec
     summary: RunSummary
     samples: list[Sample]
-    load: tuple[float, float]  # 1-minute load average before and after the run
+    load: tuple[str, str]  # how busy the machine was before and after the run
 
 
 def run_all(
@@ -117,9 +117,9 @@ def run_one(spec: RunSpec, results: Path, *, duration_s: int, rate: int, work_ms
             app_command += ["--work-ms", str(work_ms)]
             app, app_url = start(app_command, results / f"{spec.slug}.app.log", r"demo app: (http://\S+)", {})
             try:
-                load_before = os.getloadavg()[0]
+                load_before = machine_load()
                 report = run_artillery(app_url, results, spec.slug, log, duration_s=duration_s, rate=rate)
-                load_after = os.getloadavg()[0]
+                load_after = machine_load()
             finally:
                 stop(app)
         finally:
@@ -183,11 +183,23 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
         process.wait()
 
 
+def machine_load() -> str:
+    """The 1-minute load average, and the share of the last minute some task waited for a CPU (Linux PSI)."""
+    text = f"load average {os.getloadavg()[0]:.2f}"
+    try:
+        some = Path("/proc/pressure/cpu").read_text(encoding="ascii").splitlines()[0]
+    except (OSError, IndexError):
+        return text
+    match = re.search(r"avg60=([\d.]+)", some)
+    return f"{text}, CPU pressure {match.group(1)} %" if match else text
+
+
 def conditions(done: Sequence[RunResult], *, rate: int, work_ms: float) -> list[str]:
     """What the figures were measured under (the machine is shared, so latencies vary between runs)."""
     notes = [
-        f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs shared with other work (load averages "
-        "below); Artillery, the demo app, the HTTP front and the partitions all on this machine.",
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs shared with other work (how busy "
+        "below: CPU pressure is the share of the last minute in which some task waited for a CPU); "
+        "Artillery, the demo app, the HTTP front and the partitions all on this machine.",
         f"`sluicegate local` with {PARTITIONS} partitions (SQLite), fresh for each run; the demo app "
         f"(wsgiref, a thread per connection, {work_ms:g} ms of CPU per page) checks each request with "
         "`sluicegate_sdk.Client` through `RateLimitMiddleware`, keyed by client IP, failing open.",
@@ -196,7 +208,7 @@ def conditions(done: Sequence[RunResult], *, rate: int, work_ms: float) -> list[
     ]
     for result in done:
         before, after = result.load
-        notes.append(f"{result.spec.name}: 1-minute load average {before:.2f} before, {after:.2f} after.")
+        notes.append(f"{result.spec.name}: before, {before}; after, {after}.")
     return notes
 
 
