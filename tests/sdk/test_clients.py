@@ -221,3 +221,9 @@ def test_bad_options_are_refused() -> None:
         Client("ftp://example.com")
     with pytest.raises(ValueError, match="timeout"):
         AsyncClient(timeout=0)
+
+
+def test_an_async_client_serves_one_event_loop_after_another(service: Service, key: str) -> None:
+    client = AsyncClient(service.endpoint)  # e.g. a test client that runs each request on a new loop
+    remaining = [asyncio.run(client.check(key)).remaining for _ in range(3)]
+    assert remaining == [2, 1, 0] and client.fallbacks == 0

@@ -156,3 +156,9 @@ def test_partition_endpoints_and_bad_options() -> None:
         AsyncDirectClient([("127.0.0.1", 7000)], timeout=0)
     with pytest.raises(ValueError, match="on_error"):
         DirectClient([("127.0.0.1", 7000)], on_error="open")
+
+
+def test_an_async_direct_client_serves_one_event_loop_after_another(service: Service, key: str) -> None:
+    client = AsyncDirectClient(service.partitions)
+    remaining = [asyncio.run(client.check(key)).remaining for _ in range(3)]
+    assert remaining == [2, 1, 0] and client.fallbacks == 0

@@ -8,6 +8,7 @@ client that runs each request on a new loop, say), the client starts a new pool.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -105,8 +106,8 @@ class AsyncClient:
         if loop is not self._loop:
             # Streams are tied to the loop that opened them: start afresh on this one.
             self._loop, stale, self._idle = loop, self._idle, []
-            for _, writer in stale:
-                writer.transport.abort()
+            for conn in stale:
+                _discard(conn)
         head = f"{method} {target} HTTP/1.1\r\n{self._head_fields}"
         if method == "POST":
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -124,14 +125,14 @@ class AsyncClient:
             try:
                 status, body, keep = await _round_trip(conn, request)
             except (ConnectionError, asyncio.IncompleteReadError) as exc:
-                conn[1].transport.abort()
+                _discard(conn)
                 # A kept-alive connection the server closed meanwhile fails like this: once more on a new one.
                 if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                     raise
                 conn, reused = await self._connect(), False
                 continue
             except BaseException:  # timed out, cancelled, garbled: the connection is in an unknown state
-                conn[1].transport.abort()
+                _discard(conn)
                 raise
             if keep and not self._closed and len(self._idle) < self.pool_size:
                 self._idle.append(conn)
@@ -143,6 +144,20 @@ class AsyncClient:
         endpoint = self.endpoint
         context = ssl.create_default_context() if endpoint.scheme == "https" else None
         return await asyncio.open_connection(endpoint.host, endpoint.port, ssl=context, limit=MAX_HEAD)
+
+
+def _discard(conn: Connection) -> None:
+    """Drop a connection at once (no goodbye): its state is unknown, or its loop is gone."""
+    transport = conn[1].transport
+    try:
+        transport.abort()
+    except RuntimeError:  # its event loop is closed: at least tell the server we are gone
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 async def _round_trip(conn: Connection, request: bytes) -> tuple[int, bytes, bool]:

@@ -51,12 +51,8 @@ class DirectClient(DirectBase):
         client.check("alice").allowed
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _start(self) -> None:
         self._pid = os.getpid()
-        self._fresh_state()
-
-    def _fresh_state(self) -> None:
         self._lock = threading.Lock()
         self._turn = threading.Condition(self._lock)
         self._pumping = False  # a thread is sending and receiving for everyone
@@ -90,8 +86,7 @@ class DirectClient(DirectBase):
     def _run(self, checks: list[tuple[str, int]]) -> list[Decision]:
         if self._pid != os.getpid():
             # Forked: the parent's sockets and datagrams in flight are not ours (replies could go to either).
-            self._pid = os.getpid()
-            self._fresh_state()
+            self._start()
             self._exchange = self._new_exchange()
         slots = [_Slot() for _ in checks]
         with self._turn:

@@ -13,7 +13,6 @@ import asyncio
 import socket
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any
 
 from sluicegate.decision import Decision
 from sluicegate.exchange import Answer, Flight
@@ -35,8 +34,7 @@ class AsyncDirectClient(DirectBase):
         decision = await client.check("alice")
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _start(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sockets: dict[int, socket.socket] = {}
         self._addresses: list[tuple[str, int]] = []

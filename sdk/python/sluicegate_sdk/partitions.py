@@ -88,6 +88,11 @@ class DirectBase:
         self.on_error = OnError(on_error)
         self._directory = PartitionDirectory(self.endpoints, ttl_s=self.dns_ttl)
         self._exchange = self._new_exchange()
+        self._start()
+
+    def _start(self) -> None:
+        """Set up the I/O state of the concrete client (its sockets are opened on first use)."""
+        raise NotImplementedError
 
     @property
     def fallbacks(self) -> int:
