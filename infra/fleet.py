@@ -57,9 +57,8 @@ class BucketFleet(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.partitions = partitions
-        self.cluster = ecs.Cluster(
-            self, "Cluster", vpc=vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
-        )  # RunningTaskCount per service, for the "a partition is down" alarm
+        # Container Insights publishes RunningTaskCount per service, for the "a partition is down" alarm.
+        self.cluster = ecs.Cluster(self, "Cluster", vpc=vpc, container_insights_v2=ecs.ContainerInsights.ENABLED)
         self.namespace = servicediscovery.PrivateDnsNamespace(
             self, "Namespace", name=namespace, vpc=vpc, description="Sluicegate partitions: p<i>.<namespace>"
         )

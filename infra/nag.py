@@ -1,7 +1,8 @@
 """cdk-nag AwsSolutions checks and the one way we acknowledge a finding: with a reason.
 
 Example:
-    >>> acknowledge(table, "AwsSolutions-DDB3", "checkpoints expire within minutes")  # doctest: +SKIP
+    >>> acknowledge(table, "AwsSolutions-DDB3",
+    ...             "checkpoints expire within minutes, so restoring old ones would be wrong")  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class Observability(Construct):
             self._router("CheckLatency", statistic=quantile).with_(label=f"{quantile} (ms)")
             for quantile in ("p50", "p99")
         ]
-        dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"{Stack.of(self).stack_name}-sluicegate")
+        dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=Stack.of(self).stack_name)
         dashboard.add_widgets(
             cloudwatch.GraphWidget(title="Checks per second", left=[per_second], width=WIDTH),
             cloudwatch.GraphWidget(

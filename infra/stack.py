@@ -107,3 +107,6 @@ class SluicegateStack(Stack):
         Observability(self, "Observability", fleet=fleet, storage=storage, router_service=ROUTER_SERVICE)
         CfnOutput(self, "AdminUrl", value=rules.url.url, description="Rules admin API (IAM-signed requests only)")
         CfnOutput(self, "VpcId", value=network.vpc.vpc_id)
+        if storage.rules_table is not None:
+            # Retained by `make destroy` (rules are user data): delete it by this name when no longer wanted.
+            CfnOutput(self, "RulesTableName", value=storage.rules_table.table_name)

@@ -102,8 +102,9 @@ def test_dynamodb_tables_match_the_store_schema_unless_aurora(variant: Synthesiz
     if variant.settings.aurora:
         assert tables == {}
         return
-    by_index = {bool(t["Properties"].get("GlobalSecondaryIndexes")): t for t in tables.values()}
-    rules, checkpoints = by_index[True], by_index[False]
+    by_index = {bool(t["Properties"].get("GlobalSecondaryIndexes")): name for name, t in tables.items()}
+    rules, checkpoints = tables[by_index[True]], tables[by_index[False]]
+    assert ref_name(variant.template["Outputs"]["RulesTableName"]["Value"]) == by_index[True]
     rules_spec, checkpoints_spec = schema.rules_table_spec(), schema.checkpoints_table_spec()
     for table, spec in ((rules, rules_spec), (checkpoints, checkpoints_spec)):
         props = table["Properties"]
