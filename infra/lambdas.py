@@ -13,6 +13,8 @@ from typing import Any
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_ssm as ssm
+from aws_lambda_powertools.shared.version import VERSION as POWERTOOLS_VERSION
 from constructs import Construct
 
 from infra.nag import acknowledge
@@ -21,20 +23,21 @@ RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.ARM_64
 HANDLER = "handler.handler"
 METRICS_NAMESPACE = "Sluicegate"
-# The public Powertools for AWS Lambda (Python) v3 layer (with the tracer's aws-xray-sdk), published by AWS in
-# every commercial region under this account; version 27 is a 3.x release. Bump it to follow Powertools.
-POWERTOOLS_ACCOUNT = "017000801446"
-POWERTOOLS_LAYER_VERSION = 27
+# The public Powertools for AWS Lambda (Python) layer (with the tracer's aws-xray-sdk). AWS publishes its ARN per
+# region, runtime, architecture and release in public SSM parameters; we deploy the release our tests ran with
+# (the version installed from requirements-dev.txt). CloudFormation resolves the parameter at deploy time, so
+# synth makes no AWS call.
+POWERTOOLS_PARAMETER = "/aws/service/powertools/python/arm64/{runtime}/{version}"
 
 
-def powertools_layer(scope: Construct, *, version: int = POWERTOOLS_LAYER_VERSION) -> lambda_.ILayerVersion:
+def powertools_layer(scope: Construct, *, version: str = POWERTOOLS_VERSION) -> lambda_.ILayerVersion:
     """The Powertools layer of the stack's region (one per stack, shared by our functions)."""
     stack = Stack.of(scope)
     existing = stack.node.try_find_child("PowertoolsLayer")
     if existing is not None:
         return existing  # type: ignore[return-value]
-    name = f"AWSLambdaPowertoolsPythonV3-python{RUNTIME.name.removeprefix('python').replace('.', '')}-arm64"
-    arn = f"arn:{stack.partition}:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:{name}:{version}"
+    parameter = POWERTOOLS_PARAMETER.format(runtime=RUNTIME.name, version=version)
+    arn = ssm.StringParameter.value_for_string_parameter(stack, parameter)
     return lambda_.LayerVersion.from_layer_version_arn(stack, "PowertoolsLayer", arn)
 
 
