@@ -78,7 +78,7 @@ def test_a_short_experiment_run_counts_and_plots_what_artillery_saw(tmp_path: Pa
     [result] = run_all([spec], tmp_path, duration_s=5, rate=20)
     run = result.summary
     assert run.accepted + run.rejected == 100 and run.other == 0 and run.errors == 0
-    assert 10 + 5 * 4 <= run.accepted <= 10 + 5 * 5 + 1
+    assert 10 + 5 * 4 <= run.accepted <= 10 + 5 * 6  # the bucket plus about 5 s of refill; unlimited would be 100
     assert run.first_rejection_s is not None and run.first_rejection_s < 1.5
     assert run.app_latency["accepted"][50] is not None and run.app_latency["rejected"][50] is not None
     assert all(18 <= second.accepted + second.rejected <= 22 for second in run.seconds)  # arrivals jitter a little
