@@ -207,11 +207,20 @@ def test_service_down_answers_the_fallback_within_the_timeout(
         assert elapsed >= 0.25  # it did wait for an answer that never came
 
 
-def test_check_many_falls_back_for_every_check_and_counts_them(black_hole: str) -> None:
+def test_check_many_falls_back_for_every_check_counts_them_and_logs_once(
+    black_hole: str, refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with Client(black_hole, timeout=0.2, on_error="deny") as client:
         decisions = client.check_many(["a", ("b", 2), "c"])
         assert [(d.key, d.allowed, d.fallback) for d in decisions] == [(k, False, True) for k in "abc"]
         assert client.fallbacks == 3
+    with Client(refused, on_error="allow") as client:
+        for _ in range(5):
+            client.check("a")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sluicegate_sdk"]
+    assert len(warnings) == 2  # one per client in the minute, not one per check
+    assert "denying checks (fallbacks so far: 1)" in warnings[0] and "TimeoutError" in warnings[0]
+    assert "allowing checks (fallbacks so far: 1)" in warnings[1] and "ConnectionRefusedError" in warnings[1]
 
 
 def test_bad_options_are_refused() -> None:

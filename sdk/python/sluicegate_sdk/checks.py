@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 
@@ -55,6 +56,7 @@ class OnError:
         self.fail_open = on_error == "allow"
         self.count = 0
         self._logged_at = -LOG_EVERY_S
+        self._lock = threading.Lock()  # clients are shared by threads
 
     def decide(self, key: str, reason: str = "the service did not answer") -> Decision:
         """The fallback decision for ``key``; ``reason`` goes to the log."""
@@ -63,9 +65,12 @@ class OnError:
 
     def note(self, reason: str, count: int = 1) -> None:
         """Count ``count`` fallbacks decided elsewhere; log the first of each minute."""
-        self.count += count
         now = time.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
+        with self._lock:
+            self.count += count
+            if now - self._logged_at < LOG_EVERY_S:
+                return
             self._logged_at = now
-            verdict = "allowing" if self.fail_open else "denying"
-            log.warning("sluicegate: %s; %s checks (fallbacks so far: %d)", reason, verdict, self.count)
+            total = self.count
+        verdict = "allowing" if self.fail_open else "denying"
+        log.warning("sluicegate: %s; %s checks (fallbacks so far: %d)", reason, verdict, total)
