@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 
 import matplotlib.pyplot as plt  # after choosing the backend
+from matplotlib.ticker import FuncFormatter
 
 from loadtest.experiment.analysis import ACCEPTED, REJECTED, RunSummary, Sample, per_second_percentile
 
@@ -60,6 +61,9 @@ def plot_throughput(run: RunSummary, samples: Sequence[Sample], path: Path) -> P
                 xs, ys = zip(*points, strict=True)
                 lower.plot(xs, ys, style, color=color, linewidth=1, label=f"{label} p{p}")
     lower.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # "4", not "4 times 10 to the 0"
+    lower.yaxis.set_major_formatter(plain)
+    lower.yaxis.set_minor_formatter(plain)
     lower.set_ylabel("latency (ms)")
     lower.set_xlabel("time since the first request (s)")
     lower.legend(loc="upper left", fontsize="x-small", ncols=4)
