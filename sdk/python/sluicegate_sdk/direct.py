@@ -29,10 +29,21 @@ from sluicegate_sdk.checks import normalize_checks, validate_check
 from sluicegate_sdk.partitions import DirectBase
 
 
-class _Slot:
-    __slots__ = ("decision",)
+class _Call:
+    """One ``check``/``check_many`` call: how many of its checks are undecided, and where it waits."""
 
-    def __init__(self) -> None:
+    __slots__ = ("left", "turn")
+
+    def __init__(self, lock: threading.Lock, checks: int) -> None:
+        self.left = checks
+        self.turn = threading.Condition(lock)  # woken alone: when its checks are decided, or to pump
+
+
+class _Slot:
+    __slots__ = ("call", "decision")
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
         self.decision: Decision | None = None
 
 
@@ -54,7 +65,7 @@ class DirectClient(DirectBase):
     def _start(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._turn = threading.Condition(self._lock)
+        self._waiting: dict[_Call, None] = {}  # calls blocked until their checks are decided (in order)
         self._pumping = False  # a thread is sending and receiving for everyone
         self._asleep = False  # ... and waits for datagrams: nudge it when queueing
         self._nudged = False
@@ -88,8 +99,9 @@ class DirectClient(DirectBase):
             # Forked: the parent's sockets and datagrams in flight are not ours (replies could go to either).
             self._start()
             self._exchange = self._new_exchange()
-        slots = [_Slot() for _ in checks]
-        with self._turn:
+        call = _Call(self._lock, len(checks))
+        slots = [_Slot(call) for _ in checks]
+        with self._lock:
             if self._closed:
                 raise RuntimeError("this DirectClient is closed")
             if self._io is None:
@@ -97,30 +109,35 @@ class DirectClient(DirectBase):
             io = self._io
             for (key, cost), slot in zip(checks, slots, strict=True):
                 self._exchange.queue(self.partition(key), key, cost, slot)
-            while True:
-                if _done(slots):
-                    return [slot.decision for slot in slots]  # type: ignore[misc]
+            while call.left:
                 if not self._pumping:
                     self._pumping = True
                     break
                 if self._asleep and not self._nudged:
                     self._nudged = True
                     io.nudge()  # the pump sends our checks at once instead of after its wait
-                self._turn.wait()
+                self._waiting[call] = None
+                call.turn.wait()
+                del self._waiting[call]
+            else:
+                return [slot.decision for slot in slots]  # type: ignore[misc]
         try:
-            self._pump(io, slots)
+            self._pump(io, call)
         finally:
-            with self._turn:
+            with self._lock:
                 self._pumping = False
-                self._turn.notify_all()  # a waiter whose checks are still in flight takes over
+                # Hand over to one caller whose checks are still in flight (waking all would stampede).
+                heir = next((waiting for waiting in self._waiting if waiting.left), None)
+                if heir is not None:
+                    heir.turn.notify()
         return [slot.decision for slot in slots]  # type: ignore[misc]
 
-    def _pump(self, io: _Io, slots: list[_Slot]) -> None:
-        """Send what is queued, receive, retry and expire, until ``slots`` are all decided."""
+    def _pump(self, io: _Io, call: _Call) -> None:
+        """Send what is queued, receive, retry and expire, until the checks of ``call`` are all decided."""
         exchange = self._exchange
         while True:
             addresses = self._directory.addresses()  # cheap unless the TTL ran out (then it resolves)
-            with self._turn:
+            with self._lock:
                 now = time.monotonic()
                 sends = []
                 answers: list[Answer] = []
@@ -134,7 +151,7 @@ class DirectClient(DirectBase):
                 resend, expired = exchange.expire(now)
                 sends += resend
                 self._deliver(answers + expired)
-                done = _done(slots)
+                done = not call.left
                 deadline = exchange.next_deadline()
                 self._asleep, self._nudged = not done, False
             for flight in sends:  # flushed flights must go out even when ours are all decided
@@ -142,7 +159,7 @@ class DirectClient(DirectBase):
             if done:
                 return
             received = io.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            with self._turn:
+            with self._lock:
                 self._asleep = False
                 answers = []
                 for data, sender in received:
@@ -150,17 +167,16 @@ class DirectClient(DirectBase):
                 self._deliver(answers)
 
     def _deliver(self, answers: list[Answer]) -> None:
-        """Hand decisions to their slots (the lock held) and wake the threads waiting for them."""
+        """Hand decisions to their slots (the lock held) and wake the callers whose checks are all decided."""
         if not answers:
             return
         for slot, decision in answers:
             slot.decision = decision
+            call = slot.call
+            call.left -= 1
+            if not call.left:
+                call.turn.notify()
         self._note_fallbacks([decision for _, decision in answers])
-        self._turn.notify_all()
-
-
-def _done(slots: list[_Slot]) -> bool:
-    return all(slot.decision is not None for slot in slots)
 
 
 class _Io:
