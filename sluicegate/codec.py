@@ -8,7 +8,10 @@ A reply has the request's op with the high bit set, the same request id, and
 ``count`` items. Ops:
 
 * ``CHECK``: items ``key_len u16 | cost u32 | key``; reply items
-  ``status u8 | remaining u32 | retry_after_ms u32 | capacity u32 | window_ms u32``.
+  ``status u8 | remaining u32 | retry_after_ms u32 | capacity u32 | window_ms u32 | limit 16s``.
+  ``limit`` names (UTF-8, zero-padded) the limit that denied the check, or
+  that would have denied it when ``FLAG_WOULD_DENY`` is set (a shadow limit);
+  empty otherwise. ``"rate"`` is a rule's main bucket.
 * ``STATS``: no items; reply ``count`` u64 counters in :data:`STAT_NAMES` order.
 * ``INVALIDATE``: items ``key_len u16 | key``; the server reloads those keys'
   rules. Reply: header only, ``count`` = keys it held.
@@ -22,7 +25,7 @@ Example:
     >>> data = encode_check_request(7, [(b"alice", 1)])
     >>> decode_check_request(data)
     (7, [(b'alice', 1)])
-    >>> reply = encode_check_reply(7, [(STATUS_ALLOWED, 9, 0, 10, 1000)])
+    >>> reply = encode_check_reply(7, [(STATUS_ALLOWED, 9, 0, 10, 1000, b"")])
     >>> len(reply) <= len(data)
     True
     >>> decode_check_reply(reply)[1][0].allowed
@@ -38,7 +41,7 @@ from typing import NamedTuple
 from sluicegate.rules import MAX_KEY_BYTES
 
 MAGIC = b"SG"
-VERSION = 1
+VERSION = 2  # 2: reply items name the deciding limit
 OP_CHECK = 1
 OP_STATS = 2
 OP_INVALIDATE = 3
@@ -50,6 +53,8 @@ STATUS_DENIED = 1
 STATUS_INVALID = 2  # the key is not valid UTF-8
 STATUS_MASK = 0x0F
 FLAG_DEFAULT_RULE = 0x80  # set in the status byte when the default rule decided
+FLAG_WOULD_DENY = 0x40  # admitted, but a shadow limit (named in the item) would have denied it
+MAX_LIMIT_NAME = 16  # bytes of a limit's name on the wire
 
 MAX_COST = 2**32 - 1
 MAX_ITEMS = 2048
@@ -71,7 +76,7 @@ STAT_NAMES = (
 HEADER = struct.Struct("!2sBBQH")
 CHECK_ITEM = struct.Struct("!HI")
 KEY_LEN = struct.Struct("!H")
-RESULT_ITEM = struct.Struct("!BIIII")
+RESULT_ITEM = struct.Struct("!BIIII16s")
 COUNTER = struct.Struct("!Q")
 HEADER_SIZE = HEADER.size
 
@@ -86,6 +91,7 @@ class ItemResult(NamedTuple):
     retry_after_ms: int
     capacity: int
     window_ms: int
+    limit: bytes = b""  # the padding stripped
 
     @property
     def allowed(self) -> bool:
@@ -94,6 +100,15 @@ class ItemResult(NamedTuple):
     @property
     def default_rule(self) -> bool:
         return bool(self.status & FLAG_DEFAULT_RULE)
+
+    @property
+    def would_deny(self) -> bool:
+        return bool(self.status & FLAG_WOULD_DENY)
+
+    @property
+    def limit_name(self) -> str | None:
+        """The deciding limit's name, or None."""
+        return self.limit.decode("utf-8", "replace") if self.limit else None
 
 
 def check_reply_size(count: int) -> int:
@@ -192,7 +207,7 @@ def decode_check_items(data: bytes, count: int) -> list[tuple[bytes, int]]:
 
 
 SINGLE_CHECK = struct.Struct("!2sBBQHHI")  # header + the first item's key_len and cost
-SINGLE_REPLY = struct.Struct("!2sBBQHBIIII")
+SINGLE_REPLY = struct.Struct("!2sBBQHBIIII16s")
 _SINGLE_PREFIX = MAGIC + bytes([VERSION, OP_CHECK])
 _SINGLE_MIN = check_reply_size(1)
 
@@ -216,16 +231,19 @@ def decode_single_check(data: bytes) -> tuple[int, bytes, int] | None:
 
 
 def encode_single_reply(
-    request_id: int, status: int, remaining: int, retry_ms: int, capacity: int, window_ms: int
+    request_id: int, status: int, remaining: int, retry_ms: int, capacity: int, window_ms: int, limit: bytes
 ) -> bytes:
     """The reply to a one-check datagram; equal to ``encode_check_reply`` with one result."""
     return SINGLE_REPLY.pack(
-        MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, 1, status, remaining, retry_ms, capacity, window_ms
+        MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, 1, status, remaining, retry_ms, capacity, window_ms, limit
     )
 
 
-def encode_check_reply(request_id: int, results: Sequence[tuple[int, int, int, int, int]]) -> bytes:
-    """A CHECK reply; each result is ``(status, remaining, retry_after_ms, capacity, window_ms)``."""
+def encode_check_reply(request_id: int, results: Sequence[tuple[int, int, int, int, int, bytes]]) -> bytes:
+    """A CHECK reply; each result is ``(status, remaining, retry_after_ms, capacity, window_ms, limit)``.
+
+    ``limit`` is the deciding limit's UTF-8 name (at most :data:`MAX_LIMIT_NAME` bytes) or ``b""``.
+    """
     pack = RESULT_ITEM.pack
     return HEADER.pack(MAGIC, VERSION, OP_CHECK | REPLY_BIT, request_id, len(results)) + b"".join(
         pack(*result) for result in results
@@ -239,7 +257,11 @@ def decode_check_reply(data: bytes) -> tuple[int, list[ItemResult]]:
         raise MalformedDatagram("reply size does not match its item count")
     unpack = RESULT_ITEM.unpack_from
     size = RESULT_ITEM.size
-    return request_id, [ItemResult(*unpack(data, HEADER_SIZE + i * size)) for i in range(count)]
+    results = []
+    for i in range(count):
+        status, remaining, retry, capacity, window, limit = unpack(data, HEADER_SIZE + i * size)
+        results.append(ItemResult(status, remaining, retry, capacity, window, limit.rstrip(b"\0")))
+    return request_id, results
 
 
 def encode_stats_request(request_id: int) -> bytes:

@@ -17,7 +17,7 @@ Example:
     >>> [flight], [] = ex.flush(0, ("127.0.0.1", 7000), now=10.0)
     >>> flight.request_id, flight.deadline
     (42, 10.05)
-    >>> reply = codec.encode_check_reply(42, [(codec.STATUS_ALLOWED, 9, 0, 10, 1000)])
+    >>> reply = codec.encode_check_reply(42, [(codec.STATUS_ALLOWED, 9, 0, 10, 1000, b"")])
     >>> flight, [(waiter, decision)] = ex.receive(reply, ("127.0.0.1", 7000))
     >>> waiter, decision.allowed, decision.remaining
     ('waiter-a', True, 9)

@@ -34,13 +34,14 @@ from typing import Any
 
 from sluicegate import codec
 from sluicegate.bucket import Bucket
-from sluicegate.rules import Rule
+from sluicegate.rules import MAIN_LIMIT, Rule
 from sluicegate.server.replies import ReplyCache
 
 Address = Any  # whatever the transport uses: (host, port) for UDP
 Ident = tuple[Address, int]  # (sender, request id)
 DEFAULT_REPLY_CACHE_NS = 1_000_000_000
 NEVER_FULL = -1  # full_at of a bucket that never refills
+MAIN_LIMIT_NAME = MAIN_LIMIT.encode()
 MAX_WAIT_NS = 2**61  # ~73 years: a slower refill is recorded as never (keeps times in 64 bits)
 
 
@@ -155,7 +156,7 @@ class Partition:
         for key, cost in checks:
             bucket = buckets.get(key)
             if bucket is None:  # only keys that are not valid keys are never loaded
-                results.append((codec.STATUS_INVALID, 0, 0, 0, 0))
+                results.append((codec.STATUS_INVALID, 0, 0, 0, 0, b""))
             else:
                 results.append(self._charge(key, bucket, cost, now_ns))
         self.checks += len(checks)
@@ -163,8 +164,8 @@ class Partition:
         self._replies.put(ident, reply, now_ns)
         return reply
 
-    def _charge(self, key: bytes, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int]:
-        """Decide one check: ``(status, remaining, retry_after_ms, capacity, window_ms)``."""
+    def _charge(self, key: bytes, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int, bytes]:
+        """Decide one check: ``(status, remaining, retry_after_ms, capacity, window_ms, limit)``."""
         rule = bucket.rule
         if bucket.take(cost, now_ns):
             self.allowed += 1
@@ -176,7 +177,7 @@ class Partition:
             status, retry = codec.STATUS_DENIED, bucket.retry_after_ms(cost, now_ns)
         if rule is self.default_rule:
             status |= codec.FLAG_DEFAULT_RULE
-        return status, bucket.remaining, retry, rule.capacity, rule.window_ms
+        return status, bucket.remaining, retry, rule.capacity, rule.window_ms, b"" if retry == 0 else MAIN_LIMIT_NAME
 
     def _replay(self, ident: Ident, now_ns: int) -> bytes | None:
         """The cached reply to a repeated request (counted as a duplicate), else None."""

@@ -14,7 +14,7 @@ def test_check_round_trip_many_items() -> None:
     checks = [(f"key-{i}".encode(), i + 1) for i in range(50)] + [("ключ".encode(), 7)]
     data = codec.encode_check_request(2**64 - 1, checks)
     assert codec.decode_check_request(data) == (2**64 - 1, checks)
-    results = [(codec.STATUS_DENIED | codec.FLAG_DEFAULT_RULE, 3, 250, 10, 1000)] * len(checks)
+    results = [(codec.STATUS_DENIED | codec.FLAG_DEFAULT_RULE, 3, 250, 10, 1000, b"rate")] * len(checks)
     request_id, decoded = codec.decode_check_reply(codec.encode_check_reply(5, results))
     assert request_id == 5
     assert decoded[0] == codec.ItemResult(*results[0])
@@ -24,7 +24,7 @@ def test_check_round_trip_many_items() -> None:
 @pytest.mark.parametrize("count", [1, 2, 16, 100])
 def test_requests_are_padded_so_replies_are_never_larger(count: int) -> None:
     data = codec.encode_check_request(1, [(b"k", 1)] * count)
-    reply = codec.encode_check_reply(1, [(0, 0, 0, 0, 0)] * count)
+    reply = codec.encode_check_reply(1, [(0, 0, 0, 0, 0, b"")] * count)
     assert len(reply) <= len(data)
     assert len(codec.encode_stats_reply(1, {})) <= len(codec.encode_stats_request(1))
     assert len(codec.encode_invalidate_reply(1, 1)) <= len(codec.encode_invalidate_request(1, [b"k"]))

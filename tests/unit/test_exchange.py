@@ -10,7 +10,7 @@ PARTITION = ("127.0.0.1", 7000)
 
 def reply_to(flight: Flight, remaining: int = 4) -> bytes:
     request_id, items = codec.decode_check_request(flight.data)
-    return codec.encode_check_reply(request_id, [(codec.STATUS_ALLOWED, remaining, 0, 5, 5000)] * len(items))
+    return codec.encode_check_reply(request_id, [(codec.STATUS_ALLOWED, remaining, 0, 5, 5000, b"")] * len(items))
 
 
 def test_checks_queued_for_a_partition_leave_as_one_datagram_and_are_answered_in_order() -> None:
@@ -57,7 +57,7 @@ def test_replies_from_elsewhere_or_of_the_wrong_shape_are_ignored() -> None:
     [flight], _ = exchange.flush(0, PARTITION, now=0.0)
     assert exchange.receive(reply_to(flight), ("127.0.0.1", 7001)) == (None, [])
     assert exchange.receive(b"garbage", PARTITION) == (None, [])
-    two = codec.encode_check_reply(flight.request_id, [(codec.STATUS_ALLOWED, 1, 0, 5, 5000)] * 2)
+    two = codec.encode_check_reply(flight.request_id, [(codec.STATUS_ALLOWED, 1, 0, 5, 5000, b"")] * 2)
     assert exchange.receive(two, PARTITION) == (None, [])
     assert exchange.receive(reply_to(flight), PARTITION)[0] is flight
 

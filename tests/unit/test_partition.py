@@ -97,7 +97,12 @@ def test_key_that_is_not_utf8_gets_invalid_status_without_a_rule_load() -> None:
 
 def test_malformed_datagrams_are_counted_not_answered() -> None:
     p = Partition(default_rule=default_rule(10, 1))
-    for junk in (b"", b"SG", b"hello world, this is not a datagram", codec.encode_check_reply(1, [(0, 0, 0, 0, 0)])):
+    for junk in (
+        b"",
+        b"SG",
+        b"hello world, this is not a datagram",
+        codec.encode_check_reply(1, [(0, 0, 0, 0, 0, b"")]),
+    ):
         assert p.receive_datagram(junk, ADDR, 0) is None
     assert p.counters()["malformed"] == 4
 
