@@ -71,6 +71,7 @@ STAT_NAMES = (
     "expired",
     "store_errors",
     "send_errors",
+    "would_deny",
 )
 
 HEADER = struct.Struct("!2sBBQH")

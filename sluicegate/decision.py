@@ -29,6 +29,8 @@ class Decision:
     exceeds the capacity, or the rule refills nothing). ``capacity`` and
     ``window_ms`` (the time to refill from empty) describe the rule that
     decided; they are None on a fallback, when no partition answered.
+    ``limit`` names the limit that denied the check (``"rate"``: the rule's
+    main bucket), or, with ``would_deny``, the shadow limit that would have.
     """
 
     key: str
@@ -39,6 +41,8 @@ class Decision:
     capacity: int | None = None
     window_ms: int | None = None
     default_rule: bool = False
+    limit: str | None = None
+    would_deny: bool = False
 
     @property
     def retry_after(self) -> float | None:
@@ -67,6 +71,8 @@ class Decision:
             "capacity": self.capacity,
             "window_ms": self.window_ms,
             "policy": self.policy,
+            "limit": self.limit,
+            "would_deny": self.would_deny,
         }
 
     @classmethod
@@ -81,6 +87,8 @@ class Decision:
             capacity=data.get("capacity"),
             window_ms=data.get("window_ms"),
             default_rule=data.get("policy") == "default",
+            limit=data.get("limit"),
+            would_deny=bool(data.get("would_deny", False)),
         )
 
 
@@ -103,4 +111,6 @@ def from_item(key: str, result: codec.ItemResult) -> Decision:
         capacity=result.capacity,
         window_ms=None if window == NEVER_MS else window,
         default_rule=result.default_rule,
+        limit=result.limit_name,
+        would_deny=result.would_deny,
     )

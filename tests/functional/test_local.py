@@ -89,12 +89,15 @@ def test_check_answers_json_with_rate_limit_headers(local: Local) -> None:
         "capacity": 5,
         "window_ms": 5000,
         "policy": "default",
+        "limit": None,
+        "would_deny": False,
     }
     assert headers["Content-Type"] == "application/json"
     assert headers["RateLimit-Policy"] == '"default";q=5;w=5'
     assert re.fullmatch(r'"default";r=4;t=\d+', headers["RateLimit"])
     status, headers, body = local.request("GET", "/v1/check/alice?cost=5")
     assert status == 429 and body["allowed"] is False and 0 < body["retry_after_ms"] <= 1000
+    assert body["limit"] == "rate"  # the rule's main bucket denied it
     assert headers["Retry-After"] == "1"
 
 
