@@ -4,6 +4,7 @@ Example::
 
     sluicegate local --partitions 4 --port 8080
     sluicegate rules put alice --capacity 1000 --rate 100
+    sluicegate rules put alice --capacity 10 --rate 10 --limit name=daily,quota=250,per=day
     sluicegate check alice --cost 5
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from sluicegate.config import Config, ConfigError
 from sluicegate.importer import FORMATS, ImportSummary, import_rules
+from sluicegate.rule_text import parse_limit, policy_from_text
 from sluicegate.rules import Rule, RuleError
 from sluicegate.store import RuleStore, StoreError, store_from_config
 
@@ -45,10 +47,35 @@ def _parser(config: Config) -> argparse.ArgumentParser:
     rules = commands.add_parser("rules", help="manage rules in the store")
     rules.add_argument("--db", default=config.db, help="SQLite file (default %(default)s)")
     actions = rules.add_subparsers(dest="action", required=True)
-    put = actions.add_parser("put", help="create or replace a key's rule")
+    put = actions.add_parser(
+        "put",
+        help="create or replace a key's (or a pattern's) rule",
+        description="Create or replace the rule of KEY: an exact key, or a pattern with *, ? or [...].",
+        epilog="example: rules put 'tenant:acme:*' --capacity 100 --rate 10 "
+        "--limit name=daily,quota=250,per=day,offset=+02:00 --precedence 5",
+    )
     put.add_argument("key")
-    put.add_argument("--capacity", required=True, help="bucket size (credits)")
-    put.add_argument("--rate", required=True, help="refill per second")
+    put.add_argument("--capacity", required=True, help="main bucket size (credits)")
+    put.add_argument("--rate", required=True, help="main bucket refill per second")
+    put.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="one more limit, repeatable: name=daily,quota=250,per=day[,offset=+02:00][,shadow] "
+        "(per: minute|hour|day|week|month) or name=burst,capacity=20,rate=5[,shadow], or its JSON object",
+    )
+    put.add_argument("--shadow", action="store_true", help="the whole rule only reports would_deny, never denies")
+    put.add_argument("--precedence", metavar="N", help="a pattern's rank among overlapping patterns (higher wins)")
+    put.add_argument("--parent", metavar="KEY", help="share the rate of this parent key (same {tag} routing key)")
+    put.add_argument("--weight", metavar="W", help="this child's weight in its parent's share (default 1)")
+    put.add_argument("--priority", metavar="P", help="this child's priority, 0 to 255 (default 0)")
+    put.add_argument("--share", metavar="MODE", help="as a parent: weighted (default) or strict priorities")
+    put.add_argument(
+        "--level-weights",
+        metavar="P=W,...",
+        help="as a parent in weighted mode: weight of each priority, e.g. 2=4,1=2,0=1",
+    )
     actions.add_parser("get", help="show a key's rule").add_argument("key")
     actions.add_parser("delete", help="delete a key's rule").add_argument("key")
     listing = actions.add_parser("list", help="list rules in key order")
@@ -121,7 +148,7 @@ def _rules(args: argparse.Namespace, config: Config) -> int:
     store = store_from_config(config, db=args.db)
     try:
         if args.action == "put":
-            rule = Rule(args.key, args.capacity, args.rate)
+            rule = _rule_from_options(args)
             store.put_rule(rule)
             print(json.dumps(rule.to_dict()))
         elif args.action in ("get", "delete"):
@@ -139,6 +166,26 @@ def _rules(args: argparse.Namespace, config: Config) -> int:
     finally:
         store.close()
     return EXIT_ALLOWED
+
+
+def _rule_from_options(args: argparse.Namespace) -> Rule:
+    """The rule ``rules put`` asks for; every field is checked by the rule model (RuleError)."""
+    texts = {
+        "shadow": "true" if args.shadow else None,
+        "precedence": args.precedence,
+        "parent": args.parent,
+        "weight": args.weight,
+        "priority": args.priority,
+        "share": args.share,
+        "level_weights": args.level_weights,
+    }
+    for name, text in texts.items():
+        if text is not None and not text.strip():
+            raise RuleError(f"--{name.replace('_', '-')} must not be empty")
+    data = {"key": args.key, "capacity": args.capacity, "rate": args.rate, **policy_from_text(texts)}
+    if args.limit:
+        data["limits"] = [parse_limit(spec) for spec in args.limit]
+    return Rule.from_dict(data)
 
 
 def _import(store: RuleStore, path: Path, fmt: str | None) -> int:
@@ -176,9 +223,32 @@ def _check(args: argparse.Namespace) -> int:
     except urllib.error.URLError as exc:
         print(f"sluicegate: cannot reach {args.endpoint}: {exc.reason}", file=sys.stderr)
         return EXIT_ERROR
-    decision = json.loads(body)
+    try:
+        decision = json.loads(body)
+        allowed = bool(decision["allowed"])
+    except (ValueError, TypeError, KeyError):
+        print(
+            f"sluicegate: {args.endpoint} did not answer a check: {body[:200].decode(errors='replace')}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     print(json.dumps(decision))
-    return EXIT_ALLOWED if decision.get("allowed") else EXIT_DENIED
+    note = _limit_note(decision)
+    if note:
+        print(f"sluicegate: {note}", file=sys.stderr)
+    return EXIT_ALLOWED if allowed else EXIT_DENIED
+
+
+def _limit_note(decision: dict[str, object]) -> str:
+    """Which limit denied the check, or which shadow limit would have ("" when no limit is named)."""
+    limit = decision.get("limit")
+    if not limit:
+        return ""
+    if decision.get("allowed"):
+        return f"allowed, but the shadow limit {limit!r} would have denied it" if decision.get("would_deny") else ""
+    retry = decision.get("retry_after_ms")
+    when = "no wait helps" if retry is None else f"retry in {retry / 1000:g} s"  # type: ignore[operator]
+    return f"denied by the {limit!r} limit ({when})"
 
 
 if __name__ == "__main__":

@@ -8,8 +8,14 @@ the good rows and reports the bad ones by line. ``where`` is the line number
 
 Formats (chosen by file extension, or ``fmt``):
 
-* CSV: a header row ``key,capacity,rate`` then one rule per row.
-* JSON: a list of ``{"key", "capacity", "rate"}`` objects, or ``{"rules": [...]}``.
+* CSV: a header row naming ``key,capacity,rate`` and, optionally, the policy
+  columns ``precedence``, ``parent``, ``weight``, ``priority``, ``share``,
+  ``shadow`` (true/false), ``level_weights`` (``2=4,1=2,0=1``) and
+  ``limits`` (a JSON list of limits, or ``field=value,...`` limits separated
+  by ``;``); an empty cell keeps the field's default, other columns are
+  ignored. Text cells are read by :mod:`sluicegate.rule_text`.
+* JSON: a list of rule objects (``{"key", "capacity", "rate"}`` plus any
+  policy field, as the admin API takes them), or ``{"rules": [...]}``.
 * YAML: the same shapes as JSON.
 """
 
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sluicegate.rule_text import policy_from_text
 from sluicegate.rules import Rule, RuleError
 
 if TYPE_CHECKING:
@@ -125,7 +132,12 @@ def _read_csv(path: Path) -> Iterator[Row]:
             if None in row:
                 yield line, RuleError("more fields than the header names")
                 continue
-            yield _rule(line, {name: value for name, value in row.items() if name in ("key", "capacity", "rate")})
+            try:
+                policy = policy_from_text(row)
+            except RuleError as exc:
+                yield line, exc
+                continue
+            yield _rule(line, {"key": row["key"], "capacity": row["capacity"], "rate": row["rate"], **policy})
 
 
 def _items(payload: object) -> list[object]:

@@ -345,3 +345,124 @@ class TestImportRules:
             store.close()
         assert len(bad) == 1
         assert bad[0].startswith(f"{path}: item 1: capacity ")
+
+
+class TestPolicyFields:
+    """The rule fields beyond the main bucket, in every file format; old files read as before."""
+
+    DAILY = {"name": "daily", "quota": 250, "per": "day", "offset": "+02:00"}
+
+    def expected(self) -> dict[str, Rule]:
+        return {
+            "tenant:acme:*": Rule.from_dict(
+                {"key": "tenant:acme:*", "capacity": 100, "rate": 10, "precedence": 5, "limits": [self.DAILY]}
+            ),
+            "{acme}": Rule.from_dict(
+                {"key": "{acme}", "capacity": 300, "rate": 300, "share": "strict", "level_weights": {"2": 4, "0": 1}}
+            ),
+            "{acme}:batch": Rule.from_dict(
+                {"key": "{acme}:batch", "capacity": 50, "rate": 50, "parent": "{acme}", "weight": 2.5, "priority": 2}
+            ),
+            "trial": Rule.from_dict(
+                {"key": "trial", "capacity": 10, "rate": 1, "shadow": True, "limits": [{"capacity": 3, "rate": 1}]}
+            ),
+        }
+
+    def test_csv_policy_columns(self, tmp_path: Path) -> None:
+        text = (
+            "key,capacity,rate,precedence,parent,weight,priority,share,shadow,level_weights,limits\n"
+            '"tenant:acme:*",100,10,5,,,,,,,"[{""name"": ""daily"", ""quota"": 250, ""per"": ""day"", '
+            '""offset"": ""+02:00""}]"\n'
+            '{acme},300,300,,,,,strict,no,"2=4,0=1",\n'
+            "{acme}:batch,50,50,,{acme},2.5,2,,,,\n"
+            'trial,10,1,,,,,,yes,,"capacity=3,rate=1"\n'
+        )
+        good, bad = split(write(tmp_path, "rules.csv", text))
+        assert bad == {}
+        assert {rule.key: rule for _, rule in good} == self.expected()
+        assert [line for line, _ in good] == [2, 3, 4, 5]
+
+    def test_csv_limits_as_field_value_text(self, tmp_path: Path) -> None:
+        text = (
+            'key,capacity,rate,limits\nk,10,10,"name=daily,quota=250,per=day,offset=+02:00;name=b,capacity=5,rate=1"\n'
+        )
+        (_, rule), *_ = split(write(tmp_path, "rules.csv", text))[0]
+        assert [limit.to_dict() for limit in rule.limits] == [self.DAILY, {"name": "b", "capacity": 5, "rate": 1.0}]
+
+    def test_csv_bad_policy_cells_are_reported_by_line(self, tmp_path: Path) -> None:
+        text = (
+            "key,capacity,rate,precedence,parent,priority,share,shadow,limits\n"  # 1
+            "a,1,1,high,,,,,\n"  # 2
+            "b,1,1,,,,,maybe,\n"  # 3
+            'c,1,1,,,,,,"[{""quota"": 5}]"\n'  # 4
+            'd,1,1,,,,,,"[{""quota"": 5,"\n'  # 5
+            "e,1,1,,{other},,,,\n"  # 6
+            "f,1,1,,,,fair,,\n"  # 7
+            "g,1,1,,,999,,,\n"  # 8
+            "h,1,1,,,,,,quota;per=day\n"  # 9
+            "ok,1,1,-3,,,,false,\n"  # 10
+        )
+        good, bad = split(write(tmp_path, "rules.csv", text))
+        assert good == [(10, Rule("ok", 1, 1, precedence=-3))]
+        assert sorted(bad) == [2, 3, 4, 5, 6, 7, 8, 9]
+        assert bad[2] == "precedence must be a whole number, got 'high'"
+        assert bad[3] == "shadow must be true or false, got 'maybe'"
+        assert bad[4] == "limits: a quota limit needs per"
+        assert bad[5].startswith("limits: not valid JSON")
+        assert "parent and child must share a routing key" in bad[6]
+        assert "share must be one of weighted, strict" in bad[7]
+        assert "priority must be a whole number from 0 to 255" in bad[8]
+        assert "needs a value" in bad[9]
+
+    def test_csv_without_policy_columns_reads_as_before(self, tmp_path: Path) -> None:
+        path = write(tmp_path, "rules.csv", "key,capacity,rate,note\nalice,10,1,shadow\n")
+        good, bad = split(path)
+        assert (good, bad) == ([(2, Rule("alice", 10, 1))], {})
+        assert good[0][1].is_plain
+
+    def test_json_carries_the_fields_as_is(self, tmp_path: Path) -> None:
+        rules = [rule.to_dict() for rule in self.expected().values()]
+        good, bad = split(write(tmp_path, "rules.json", json.dumps({"rules": rules}, indent=1)))
+        assert bad == {}
+        assert {rule.key: rule for _, rule in good} == self.expected()
+
+    def test_yaml_carries_the_fields_as_is(self, tmp_path: Path) -> None:
+        text = """rules:
+  - key: "tenant:acme:*"
+    capacity: 100
+    rate: 10
+    precedence: 5
+    limits:
+      - {name: daily, quota: 250, per: day, offset: "+02:00"}
+  - key: "{acme}"
+    capacity: 300
+    rate: 300
+    share: strict
+    level_weights: {2: 4, 0: 1}
+  - key: "{acme}:batch"
+    capacity: 50
+    rate: 50
+    parent: "{acme}"
+    weight: 2.5
+    priority: 2
+  - key: trial
+    capacity: 10
+    rate: 1
+    shadow: yes
+    limits: [{capacity: 3, rate: 1}]
+  - key: bad
+    capacity: 1
+    rate: 1
+    limits: [{quota: 1, per: fortnight}]
+"""
+        good, bad = split(write(tmp_path, "rules.yaml", text))
+        assert {rule.key: rule for _, rule in good} == self.expected()
+        assert list(bad) == [24]
+        assert "per must be one of" in bad[24]
+
+    @pytest.mark.parametrize(("written", "minutes"), [("+10:00", 600), ("+05:30", 330), ("-08:00", -480)])
+    def test_yaml_unquoted_offsets(self, tmp_path: Path, written: str, minutes: int) -> None:
+        # YAML 1.1 reads +10:00 as the base-60 number 600, which is also its value in minutes.
+        text = f"- key: k\n  capacity: 1\n  rate: 1\n  limits: [{{quota: 5, per: day, offset: {written}}}]\n"
+        (_, rule), *_ = split(write(tmp_path, "rules.yaml", text))[0]
+        assert rule.limits[0].offset_minutes == minutes
