@@ -11,8 +11,15 @@ of the whole rules table (filtered on the server, sorted here). Fine for an
 admin listing; :meth:`DynamoRuleStore.iter_rules` scans once for all pages
 rather than once per page.
 
+**Patterns** are listed from a sparse index that only pattern rules are on
+(:data:`RULES_PATTERN_INDEX`). **Changes** are found on the update-time index,
+whose projection has no policies: the changed rules that are live are then
+read from the table by key (one BatchGetItem per 100), so a sync still costs
+what changed.
+
 Opening makes no call to DynamoDB; :meth:`RuleStore.migrate` creates the
-tables where the deployment does not (locally, in tests).
+tables where the deployment does not (locally, in tests), and adds the pattern
+index to a rules table from before it.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from sluicegate.rules import Rule, RuleError
-from sluicegate.store.base import Checkpoint, RuleChange, RuleStore, StoreError, change_times
+from sluicegate.store.base import Checkpoint, RuleStore, StoreError, change_times
 from sluicegate.store.dynamodb_calls import (
     BATCH_GET_MAX,
     BATCH_WRITE_MAX,
@@ -39,9 +46,8 @@ from sluicegate.store.dynamodb_calls import (
 from sluicegate.store.dynamodb_codec import (
     checkpoint_item,
     float_text,
-    item_change,
     item_checkpoint,
-    item_rule,
+    item_row,
     representable,
     rule_item,
 )
@@ -54,8 +60,13 @@ from sluicegate.store.dynamodb_schema import (
     DELETED,
     EXPIRES_NS,
     KEY,
+    PATTERN,
+    PATTERN_SHARD,
+    POLICY,
+    QUOTAS,
     RATE,
     RULES_BY_UPDATE_INDEX,
+    RULES_PATTERN_INDEX,
     RULES_SHARD,
     SHARD,
     TTL,
@@ -64,6 +75,10 @@ from sluicegate.store.dynamodb_schema import (
     ensure_tables,
     rules_table_spec,
 )
+from sluicegate.store.rows import StoredRule
+
+#: What a read of a rule needs from its item.
+_RULE_ATTRIBUTES = (KEY, CAPACITY, RATE, POLICY, DELETED)
 
 
 class DynamoRuleStore(DynamoCalls, RuleStore):
@@ -130,9 +145,9 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
 
     # -- rules ---------------------------------------------------------------
 
-    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]:
-        items = self._batch_get(self.rules_table, keys, (KEY, CAPACITY, RATE, DELETED))
-        return [item_rule(item) for item in items if not item[DELETED]["BOOL"]]
+    def _fetch(self, keys: Sequence[str]) -> Iterable[StoredRule]:
+        items = self._batch_get(self.rules_table, keys, _RULE_ATTRIBUTES)
+        return [item_row(item) for item in items if not item[DELETED]["BOOL"]]
 
     def _write(self, rules: Sequence[Rule]) -> None:
         for rule in rules:
@@ -149,9 +164,9 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
                 "update_item",
                 TableName=self.rules_table,
                 Key={KEY: {"S": key}},
-                UpdateExpression="SET #d = :true, #u = :now",
+                UpdateExpression="SET #d = :true, #u = :now REMOVE #p",  # off the pattern index
                 ConditionExpression="#d = :false",
-                ExpressionAttributeNames={"#d": DELETED, "#u": UPDATED_AT},
+                ExpressionAttributeNames={"#d": DELETED, "#u": UPDATED_AT, "#p": PATTERN},
                 ExpressionAttributeValues={
                     ":true": {"BOOL": True},
                     ":false": {"BOOL": False},
@@ -164,9 +179,9 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
             raise
         return True
 
-    def _live_rules(self, prefix: str, after: str | None) -> Iterator[Rule]:
+    def _live_rules(self, prefix: str, after: str | None) -> Iterator[StoredRule]:
         """Every live rule with ``prefix`` and a key above ``after``, in no order (a paginated Scan)."""
-        names = {"#k": KEY, "#c": CAPACITY, "#r": RATE, "#d": DELETED}
+        names = {"#k": KEY, "#c": CAPACITY, "#r": RATE, "#d": DELETED, "#p": POLICY}
         values: dict[str, Any] = {":false": {"BOOL": False}}
         conditions = ["#d = :false"]
         if prefix:  # DynamoDB compares strings by UTF-8 bytes = code point order, as Python does
@@ -177,19 +192,19 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
             values[":after"] = {"S": after}
         params: dict[str, Any] = {
             "TableName": self.rules_table,
-            "ProjectionExpression": "#k, #c, #r",
+            "ProjectionExpression": "#k, #c, #r, #p",
             "FilterExpression": " AND ".join(conditions),
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
         }
         while True:
             response = self._call("scan", **params)
-            yield from map(item_rule, response.get("Items", []))
+            yield from map(item_row, response.get("Items", []))
             if "LastEvaluatedKey" not in response:
                 return
             params["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
-    def _scan(self, prefix: str, after: str | None, limit: int) -> list[Rule]:
+    def _scan(self, prefix: str, after: str | None, limit: int) -> list[StoredRule]:
         # A Scan has no key order, so one page costs a scan of the whole table (filtered
         # on the server, the first `limit` kept in a heap): fine for an admin listing,
         # not for a hot path. Keeping the list in key order would take a second index.
@@ -207,10 +222,27 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
         except UnicodeEncodeError as exc:
             raise RuleError("prefix is not valid Unicode text") from exc
         with self._driver_errors_mapped():
-            rules = sorted(self._live_rules(prefix, None), key=attrgetter("key"))
-        yield from rules
+            rows = sorted(self._live_rules(prefix, None), key=attrgetter("key"))
+        yield from self._rules_of(rows)
 
-    def _changes(self, since: float, limit: int) -> list[RuleChange]:
+    def _patterns(self) -> list[StoredRule]:
+        # The sparse index holds live pattern rules only, in key order (its range key).
+        params: dict[str, Any] = {
+            "TableName": self.rules_table,
+            "IndexName": RULES_PATTERN_INDEX,
+            "KeyConditionExpression": "#p = :patterns",
+            "ExpressionAttributeNames": {"#p": PATTERN},
+            "ExpressionAttributeValues": {":patterns": {"S": PATTERN_SHARD}},
+        }
+        rows: list[StoredRule] = []
+        while True:
+            response = self._call("query", **params)
+            rows += map(item_row, response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                return rows
+            params["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def _changes(self, since: float, limit: int) -> list[StoredRule]:
         # One Query on the update-time index: it reads the changed items only.
         params: dict[str, Any] = {
             "TableName": self.rules_table,
@@ -220,15 +252,33 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
             "ExpressionAttributeValues": {":shard": {"S": RULES_SHARD}, ":since": {"N": float_text(since)}},
             "ScanIndexForward": True,
         }
-        changes: list[RuleChange] = []
-        while len(changes) < limit:
-            params["Limit"] = limit - len(changes)
+        found: list[dict[str, Any]] = []
+        while len(found) < limit:
+            params["Limit"] = limit - len(found)
             response = self._call("query", **params)
-            changes += map(item_change, response.get("Items", []))
+            found += response.get("Items", [])
             if "LastEvaluatedKey" not in response:
                 break
             params["ExclusiveStartKey"] = response["LastEvaluatedKey"]
-        return changes[:limit]
+        return self._completed(found[:limit])
+
+    def _completed(self, found: list[dict[str, Any]]) -> list[StoredRule]:
+        """The changes the update-time index lists, with the live rules' policies read from the table.
+
+        The table may be newer than the (eventually consistent) index: its item is reported
+        at the index's time, which keeps paging right, and a rule deleted meanwhile as deleted.
+        """
+        live = [item[KEY]["S"] for item in found if not item[DELETED]["BOOL"]]
+        current = {item[KEY]["S"]: item for item in self._batch_get(self.rules_table, live, _RULE_ATTRIBUTES)}
+        rows = []
+        for item in found:
+            key, at = item[KEY]["S"], float(item[UPDATED_AT]["N"])
+            stored = current.get(key)
+            if stored is None or stored[DELETED]["BOOL"]:
+                rows.append(StoredRule(key, 0, 0.0, "", at, deleted=True))
+            else:
+                rows.append(item_row(stored, updated_at=at))
+        return rows
 
     # -- checkpoints -----------------------------------------------------------
 
@@ -236,7 +286,7 @@ class DynamoRuleStore(DynamoCalls, RuleStore):
         self._batch_write(self.checkpoints_table, [checkpoint_item(checkpoint) for checkpoint in checkpoints])
 
     def _fetch_checkpoints(self, keys: Sequence[str]) -> Iterable[Checkpoint]:
-        items = self._batch_get(self.checkpoints_table, keys, (KEY, CREDIT, AT_NS, EXPIRES_NS))
+        items = self._batch_get(self.checkpoints_table, keys, (KEY, CREDIT, AT_NS, EXPIRES_NS, QUOTAS))
         return [item_checkpoint(item) for item in items]
 
     # -- schema and lifetime ----------------------------------------------------
@@ -260,8 +310,13 @@ __all__ = [
     "DELETED",
     "EXPIRES_NS",
     "KEY",
+    "PATTERN",
+    "PATTERN_SHARD",
+    "POLICY",
+    "QUOTAS",
     "RATE",
     "RULES_BY_UPDATE_INDEX",
+    "RULES_PATTERN_INDEX",
     "RULES_SHARD",
     "SHARD",
     "TTL",

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from sluicegate.rules import Rule
-from sluicegate.store.base import NEVER_EXPIRES_NS, Checkpoint, RuleChange
+from sluicegate.store.base import NEVER_EXPIRES_NS, Checkpoint
 from sluicegate.store.dynamodb_schema import (
     AT_NS,
     CAPACITY,
@@ -20,12 +20,17 @@ from sluicegate.store.dynamodb_schema import (
     DELETED,
     EXPIRES_NS,
     KEY,
+    PATTERN,
+    PATTERN_SHARD,
+    POLICY,
+    QUOTAS,
     RATE,
     RULES_SHARD,
     SHARD,
     TTL,
     UPDATED_AT,
 )
+from sluicegate.store.rows import StoredRule, policy_text
 
 Item = dict[str, dict[str, Any]]
 
@@ -58,8 +63,9 @@ def ttl_seconds(expires_ns: int) -> int:
 
 
 def rule_item(rule: Rule, at: float) -> Item:
-    """The rules-table item of ``rule`` changed at ``at``, live and on the update-time index."""
-    return {
+    """The rules-table item of ``rule`` changed at ``at``: live, on the update-time index, and on the
+    pattern index if it is a pattern. A plain rule has no policy attribute, like an old item."""
+    item: Item = {
         KEY: {"S": rule.key},
         CAPACITY: {"N": str(rule.capacity)},
         RATE: {"N": float_text(rule.rate)},
@@ -67,26 +73,31 @@ def rule_item(rule: Rule, at: float) -> Item:
         DELETED: {"BOOL": False},
         SHARD: {"S": RULES_SHARD},
     }
+    if policy := policy_text(rule):
+        item[POLICY] = {"S": policy}
+    if rule.is_pattern:
+        item[PATTERN] = {"S": PATTERN_SHARD}
+    return item
 
 
-def item_rule(item: Item) -> Rule:
-    return Rule(item[KEY]["S"], read_int(item[CAPACITY]["N"]), float(item[RATE]["N"]))
-
-
-def item_change(item: Item) -> RuleChange:
-    """The change an item of the update-time index records: a tombstone is a deletion (no rule)."""
-    rule = None if item[DELETED]["BOOL"] else item_rule(item)
-    return RuleChange(item[KEY]["S"], rule, float(item[UPDATED_AT]["N"]))
+def item_row(item: Item, *, updated_at: float = 0.0, deleted: bool = False) -> StoredRule:
+    """The stored row of a rules-table item (``key``, ``capacity``, ``rate``, maybe ``policy``)."""
+    policy = item.get(POLICY, {}).get("S", "")
+    return StoredRule(
+        item[KEY]["S"], read_int(item[CAPACITY]["N"]), float(item[RATE]["N"]), policy, updated_at, deleted
+    )
 
 
 def checkpoint_item(checkpoint: Checkpoint) -> Item:
-    """The checkpoints-table item of ``checkpoint``; one that never expires has no TTL."""
+    """The checkpoints-table item of ``checkpoint``; one that never expires has no TTL, empty quotas none."""
     item: Item = {
         KEY: {"S": checkpoint.key},
         CREDIT: {"N": str(int(checkpoint.credit))},
         AT_NS: {"N": str(int(checkpoint.at_ns))},
         EXPIRES_NS: {"N": str(int(checkpoint.expires_ns))},
     }
+    if checkpoint.quotas:
+        item[QUOTAS] = {"S": checkpoint.quotas}
     if checkpoint.expires_ns != NEVER_EXPIRES_NS:
         item[TTL] = {"N": str(ttl_seconds(checkpoint.expires_ns))}
     return item
@@ -94,5 +105,9 @@ def checkpoint_item(checkpoint: Checkpoint) -> Item:
 
 def item_checkpoint(item: Item) -> Checkpoint:
     return Checkpoint(
-        item[KEY]["S"], read_int(item[CREDIT]["N"]), read_int(item[AT_NS]["N"]), read_int(item[EXPIRES_NS]["N"])
+        item[KEY]["S"],
+        read_int(item[CREDIT]["N"]),
+        read_int(item[AT_NS]["N"]),
+        read_int(item[EXPIRES_NS]["N"]),
+        item.get(QUOTAS, {}).get("S", ""),
     )

@@ -1,8 +1,9 @@
 """PostgreSQL store (psycopg 3): the optional relational backend, usable against Aurora PostgreSQL.
 
 Same data and semantics as the SQLite reference backend: rules with tombstones
-and ``updated_at`` (epoch seconds of the writer's clock), checkpoints in
-nano-credits with an expiry that :meth:`RuleStore.sweep` enforces.
+and ``updated_at`` (epoch seconds of the writer's clock), their policy as JSON
+text and a ``pattern`` flag under a partial index, checkpoints in nano-credits
+with an expiry that :meth:`RuleStore.sweep` enforces and the quota counters' text.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from sluicegate.rules import Rule
-from sluicegate.store.base import Checkpoint, RuleChange, RuleStore, change_times
+from sluicegate.rules import DEFAULT_RULE_KEY, Rule
+from sluicegate.store.base import Checkpoint, RuleStore, change_times
+from sluicegate.store.rows import StoredRule, policy_text
 
 T = TypeVar("T")
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -30,36 +32,64 @@ _SCHEMA_LOCK_ID = 0x5_1C3_6A7E
 
 # COLLATE "C": keys compare by UTF-8 bytes, i.e. by code point like Python's str, whatever the
 # database's default collation (a linguistic one would break `after` paging and key order).
-_SCHEMA = (
+_TABLES = (
     """CREATE TABLE IF NOT EXISTS rules (
         key text COLLATE "C" PRIMARY KEY,
         capacity bigint NOT NULL,
         rate double precision NOT NULL,
         updated_at double precision NOT NULL,
-        deleted boolean NOT NULL DEFAULT false
+        deleted boolean NOT NULL DEFAULT false,
+        policy text NOT NULL DEFAULT '',
+        pattern boolean NOT NULL DEFAULT false
     )""",
-    "CREATE INDEX IF NOT EXISTS rules_updated_at ON rules (updated_at)",
     """CREATE TABLE IF NOT EXISTS checkpoints (
         key text COLLATE "C" PRIMARY KEY,
         credit bigint NOT NULL,
         at_ns bigint NOT NULL,
-        expires_ns bigint NOT NULL
+        expires_ns bigint NOT NULL,
+        quotas text NOT NULL DEFAULT ''
     )""",
+)
+#: Columns added since the first release, as "table.column": definition (a constant default: no table rewrite).
+_ADDED_COLUMNS = {
+    "rules.policy": "text NOT NULL DEFAULT ''",
+    "rules.pattern": "boolean NOT NULL DEFAULT false",
+    "checkpoints.quotas": "text NOT NULL DEFAULT ''",
+}
+_LIVE_PATTERN = "pattern AND NOT deleted"  # exactly the partial index's condition, so that it is used
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS rules_updated_at ON rules (updated_at)",
+    f"CREATE INDEX IF NOT EXISTS rules_patterns ON rules (key) WHERE {_LIVE_PATTERN}",
     "CREATE INDEX IF NOT EXISTS checkpoints_expires_ns ON checkpoints (expires_ns)",
 )
+#: The columns of both tables, as "table.column" (none while a table is missing).
+_COLUMNS = """
+SELECT CASE WHEN attrelid = to_regclass('rules') THEN 'rules' ELSE 'checkpoints' END || '.' || attname
+FROM pg_attribute
+WHERE attrelid IN (to_regclass('rules'), to_regclass('checkpoints')) AND attnum > 0 AND NOT attisdropped
+"""
+_NEEDED_COLUMNS = frozenset({"rules.key", "checkpoints.key", *_ADDED_COLUMNS})
+# Rules stored before patterns existed: the same test as rules.is_pattern_key.
+_MARK_PATTERNS = (
+    "UPDATE rules SET pattern = true WHERE key <> %s "
+    "AND (strpos(key, '*') > 0 OR strpos(key, '?') > 0 OR strpos(key, '[') > 0)"
+)
+_RULE_COLUMNS = "key, capacity, rate, policy"
 
 # One statement per batch, whatever its size: the rows travel as arrays and unnest() turns them into a table.
 _UPSERT_RULES = """
-INSERT INTO rules (key, capacity, rate, updated_at, deleted)
-SELECT key, capacity, rate, updated_at, false
-FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) AS t (key, capacity, rate, updated_at)
-ON CONFLICT (key) DO UPDATE SET capacity = excluded.capacity, rate = excluded.rate,
-    updated_at = excluded.updated_at, deleted = false
+INSERT INTO rules (key, capacity, rate, policy, pattern, updated_at, deleted)
+SELECT key, capacity, rate, policy, pattern, updated_at, false
+FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::text[], %s::bool[], %s::float8[])
+    AS t (key, capacity, rate, policy, pattern, updated_at)
+ON CONFLICT (key) DO UPDATE SET capacity = excluded.capacity, rate = excluded.rate, policy = excluded.policy,
+    pattern = excluded.pattern, updated_at = excluded.updated_at, deleted = false
 """
 _UPSERT_CHECKPOINTS = """
-INSERT INTO checkpoints (key, credit, at_ns, expires_ns)
-SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])
-ON CONFLICT (key) DO UPDATE SET credit = excluded.credit, at_ns = excluded.at_ns, expires_ns = excluded.expires_ns
+INSERT INTO checkpoints (key, credit, at_ns, expires_ns, quotas)
+SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
+ON CONFLICT (key) DO UPDATE SET credit = excluded.credit, at_ns = excluded.at_ns, expires_ns = excluded.expires_ns,
+    quotas = excluded.quotas
 """
 
 
@@ -67,11 +97,12 @@ class PostgresRuleStore(RuleStore):
     """Rules and checkpoints in two PostgreSQL tables, over one connection shared by a process's threads.
 
     * **Schema**: :meth:`migrate` creates it (idempotent; what ``RuleStore.migrate``
-      and the CLI run). For the same out-of-the-box behaviour as SQLite, the first
-      connection also creates it *if it is missing*; when the tables exist nothing is
-      created, so a role without DDL rights works against a migrated database.
-      Concurrent creators are serialised by an advisory lock (concurrent
-      ``CREATE TABLE IF NOT EXISTS`` can otherwise fail on a catalog unique index).
+      and the CLI run), and adds the columns an older schema lacks. For the same
+      out-of-the-box behaviour as SQLite, the first connection also does so *if
+      anything is missing*; when it is all there nothing is created, so a role
+      without DDL rights works against a migrated database. Concurrent creators are
+      serialised by an advisory lock (concurrent ``CREATE TABLE IF NOT EXISTS`` can
+      otherwise fail on a catalog unique index).
     * **Lazy, self-healing connection**: the constructor does no I/O (a server can
       start while the database is down); a lost connection is dropped and the next
       call reconnects. A call that finds its connection went stale since its last
@@ -148,19 +179,27 @@ class PostgresRuleStore(RuleStore):
             return work(self._connection())
 
     def _ensure_schema(self, conn: Connection) -> None:
-        encoding, rules, checkpoints = conn.execute(
-            "SELECT current_setting('server_encoding'), to_regclass('rules'), to_regclass('checkpoints')"
-        ).fetchone() or ("", None, None)
+        (encoding,) = conn.execute("SELECT current_setting('server_encoding')").fetchone() or ("",)
         if encoding != "UTF8":
             raise psycopg.NotSupportedError(f"the database must use the UTF8 encoding, not {encoding}")
-        if rules is None or checkpoints is None:
+        if not _NEEDED_COLUMNS <= _columns(conn):
             self._create_schema(conn)
 
     @staticmethod
     def _create_schema(conn: Connection) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_ID,))
-            for statement in _SCHEMA:
+            before = _columns(conn)  # under the lock: what another creator did is visible
+            for statement in _TABLES:
+                conn.execute(statement)
+            # Only what is missing: ALTER TABLE locks the whole table, even when it changes nothing.
+            for name, definition in _ADDED_COLUMNS.items():
+                table, column = name.split(".")
+                if table + ".key" in before and name not in before:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}")
+                    if name == "rules.pattern":
+                        conn.execute(_MARK_PATTERNS, (DEFAULT_RULE_KEY,))
+            for statement in _INDEXES:
                 conn.execute(statement)
 
     def _migrate(self) -> None:
@@ -175,10 +214,10 @@ class PostgresRuleStore(RuleStore):
 
     # -- rules ----------------------------------------------------------------------------------
 
-    def _fetch(self, keys: Sequence[str]) -> Iterable[Rule]:
-        query = "SELECT key, capacity, rate FROM rules WHERE key = ANY(%s::text[]) AND NOT deleted"
+    def _fetch(self, keys: Sequence[str]) -> Iterable[StoredRule]:
+        query = f"SELECT {_RULE_COLUMNS} FROM rules WHERE key = ANY(%s::text[]) AND NOT deleted"
         rows = self._run(lambda conn: conn.execute(query, (list(keys),)).fetchall())
-        return [Rule(*row) for row in rows]
+        return [StoredRule(*row) for row in rows]
 
     def _write(self, rules: Sequence[Rule]) -> None:
         # Key order: concurrent writers of overlapping batches then lock rows in the same order (no deadlock).
@@ -187,6 +226,8 @@ class PostgresRuleStore(RuleStore):
             [rule.key for rule in ordered],
             [rule.capacity for rule in ordered],
             [rule.rate for rule in ordered],
+            [policy_text(rule) for rule in ordered],
+            [rule.is_pattern for rule in ordered],
             change_times(len(ordered)),  # distinct, so changed_since can page through one batch
         )
         self._run(lambda conn: conn.execute(_UPSERT_RULES, params))
@@ -197,9 +238,9 @@ class PostgresRuleStore(RuleStore):
         at = change_times(1)[0]
         return self._run(lambda conn: conn.execute(query, (at, key)).rowcount > 0, replay=False)
 
-    def _scan(self, prefix: str, after: str | None, limit: int) -> list[Rule]:
+    def _scan(self, prefix: str, after: str | None, limit: int) -> list[StoredRule]:
         # A key range instead of LIKE, so '%' and '_' in keys mean themselves; it also bounds the index scan.
-        query = "SELECT key, capacity, rate FROM rules WHERE key >= %s AND key > %s AND NOT deleted"
+        query = f"SELECT {_RULE_COLUMNS} FROM rules WHERE key >= %s AND key > %s AND NOT deleted"
         params: list[object] = [prefix, after or ""]
         if prefix:
             query += " AND left(key, %s) = %s"
@@ -211,18 +252,19 @@ class PostgresRuleStore(RuleStore):
         query += " ORDER BY key LIMIT %s"
         params.append(limit)
         rows = self._run(lambda conn: conn.execute(query, params).fetchall())
-        return [Rule(*row) for row in rows]
+        return [StoredRule(*row) for row in rows]
 
-    def _changes(self, since: float, limit: int) -> list[RuleChange]:
+    def _patterns(self) -> list[StoredRule]:
+        query = f"SELECT {_RULE_COLUMNS} FROM rules WHERE {_LIVE_PATTERN} ORDER BY key"
+        return [StoredRule(*row) for row in self._run(lambda conn: conn.execute(query).fetchall())]
+
+    def _changes(self, since: float, limit: int) -> list[StoredRule]:
         query = (
-            "SELECT key, capacity, rate, updated_at, deleted FROM rules "
+            f"SELECT {_RULE_COLUMNS}, updated_at, deleted FROM rules "
             "WHERE updated_at > %s ORDER BY updated_at, key LIMIT %s"
         )
         rows = self._run(lambda conn: conn.execute(query, (since, limit)).fetchall())
-        return [
-            RuleChange(key, None if deleted else Rule(key, capacity, rate), updated_at)
-            for key, capacity, rate, updated_at, deleted in rows
-        ]
+        return [StoredRule(*row) for row in rows]
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -233,17 +275,23 @@ class PostgresRuleStore(RuleStore):
             [c.credit for c in ordered],
             [c.at_ns for c in ordered],
             [c.expires_ns for c in ordered],
+            [c.quotas for c in ordered],
         )
         self._run(lambda conn: conn.execute(_UPSERT_CHECKPOINTS, params))
 
     def _fetch_checkpoints(self, keys: Sequence[str]) -> Iterable[Checkpoint]:
-        query = "SELECT key, credit, at_ns, expires_ns FROM checkpoints WHERE key = ANY(%s::text[])"
+        query = "SELECT key, credit, at_ns, expires_ns, quotas FROM checkpoints WHERE key = ANY(%s::text[])"
         rows = self._run(lambda conn: conn.execute(query, (list(keys),)).fetchall())
         return [Checkpoint(*row) for row in rows]
 
     def _sweep(self, now_ns: int) -> int:
         query = "DELETE FROM checkpoints WHERE expires_ns <= %s"
         return self._run(lambda conn: conn.execute(query, (now_ns,)).rowcount)
+
+
+def _columns(conn: Connection) -> set[str]:
+    """The columns the rules and checkpoints tables have, as "table.column"."""
+    return {name for (name,) in conn.execute(_COLUMNS).fetchall()}
 
 
 def _prefix_end(prefix: str) -> str | None:

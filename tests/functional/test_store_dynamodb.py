@@ -25,6 +25,7 @@ from sluicegate.store.dynamodb import (
     BATCH_GET_MAX,
     BATCH_WRITE_MAX,
     RULES_BY_UPDATE_INDEX,
+    RULES_PATTERN_INDEX,
     TTL,
     UNAVAILABLE_CODES,
     DynamoRuleStore,
@@ -70,20 +71,28 @@ def client_error(code: str, status: int = 400, operation: str = "BatchWriteItem"
 
 
 class TestTables:
-    def test_rules_table_has_the_update_time_index_and_is_on_demand(self, store: DynamoRuleStore) -> None:
+    def test_rules_table_has_the_update_time_and_pattern_indexes_and_is_on_demand(self, store: DynamoRuleStore) -> None:
         table = store._client.describe_table(TableName=store.rules_table)["Table"]
         assert table["KeySchema"] == [{"AttributeName": "key", "KeyType": "HASH"}]
         assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
-        (index,) = table["GlobalSecondaryIndexes"]
-        assert index["IndexName"] == RULES_BY_UPDATE_INDEX
-        assert index["KeySchema"] == [
+        indexes = {index["IndexName"]: index for index in table["GlobalSecondaryIndexes"]}
+        assert set(indexes) == {RULES_BY_UPDATE_INDEX, RULES_PATTERN_INDEX}
+        changes = indexes[RULES_BY_UPDATE_INDEX]
+        assert changes["KeySchema"] == [
             {"AttributeName": "shard", "KeyType": "HASH"},
             {"AttributeName": "updated_at", "KeyType": "RANGE"},
         ]
-        assert index["Projection"]["ProjectionType"] == "INCLUDE"
-        assert set(index["Projection"]["NonKeyAttributes"]) == {"capacity", "rate", "deleted"}
+        # Unchanged since the first release: DynamoDB cannot change the projection of an existing index.
+        assert changes["Projection"]["ProjectionType"] == "INCLUDE"
+        assert set(changes["Projection"]["NonKeyAttributes"]) == {"capacity", "rate", "deleted"}
+        patterns = indexes[RULES_PATTERN_INDEX]
+        assert patterns["KeySchema"] == [
+            {"AttributeName": "pattern", "KeyType": "HASH"},
+            {"AttributeName": "key", "KeyType": "RANGE"},
+        ]
+        assert set(patterns["Projection"]["NonKeyAttributes"]) == {"capacity", "rate", "policy"}
         types = {a["AttributeName"]: a["AttributeType"] for a in table["AttributeDefinitions"]}
-        assert types == {"key": "S", "shard": "S", "updated_at": "N"}
+        assert types == {"key": "S", "shard": "S", "updated_at": "N", "pattern": "S"}
 
     def test_checkpoints_table_expires_items_by_ttl(self, store: DynamoRuleStore) -> None:
         table = store._client.describe_table(TableName=store.checkpoints_table)["Table"]
@@ -379,15 +388,21 @@ class TestChangedSince:
             assert store.delete_rule(f"user-{i:04}")
         queries = record(monkeypatch, store, "query")
         scans = record(monkeypatch, store, "scan")
+        gets = record(monkeypatch, store, "batch_get_item")
         changes = store.changed_since(since)
         assert sorted(c.key for c in changes) == sorted(
             f"user-{i:04}" for i in (*range(0, 1400, 200), 1500, 1600, 1700)
         )
         assert [c.rule for c in changes[-3:]] == [None, None, None]
-        # What DynamoDB read (and bills) is the 10 changed items, not the 2,000 rules.
+        # What DynamoDB read (and bills) is the 10 changed items, not the 2,000 rules:
+        # the index's 10 entries, then the 7 live rules by key (for their policies).
         assert len(queries.calls) == 1 and scans.calls == []
         assert sum(r["ScannedCount"] for r in queries.responses) == 10
         assert queries.calls[0]["IndexName"] == RULES_BY_UPDATE_INDEX
+        (get,) = gets.calls
+        assert sorted(k["key"]["S"] for k in get["RequestItems"][store.rules_table]["Keys"]) == [
+            f"user-{i:04}" for i in range(0, 1400, 200)
+        ]
 
     def test_pages_through_the_index_when_answers_come_in_pieces(
         self, store: DynamoRuleStore, monkeypatch: pytest.MonkeyPatch
@@ -432,7 +447,7 @@ class TestMotoServer:
             from sluicegate.rules import Rule
             from sluicegate.store import store_from_config
             store = store_from_config(Config.from_env())
-            print(store.get_rule("from-parent"))
+            print(store.get_rule("from-parent") == Rule("from-parent", 5, 0.5))
             store.put_rule(Rule("from-child", 7, 2))
             """
         )
@@ -444,7 +459,7 @@ class TestMotoServer:
             timeout=60,
             check=True,
         )
-        assert done.stdout.strip() == "Rule(key='from-parent', capacity=5, rate=0.5)"
+        assert done.stdout.strip() == "True"
         assert dynamodb_server_tables.open().get_rule("from-child") == Rule("from-child", 7, 2)
 
     def test_placeholder_credentials_for_a_local_endpoint(
