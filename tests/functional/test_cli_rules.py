@@ -136,6 +136,94 @@ class TestRulesCrud:
         assert "unable to open database file" in done.stderr
 
 
+class TestPolicyOptions:
+    def test_put_with_every_policy_option_round_trips(self, cli: Cli) -> None:
+        put = cli.rules(
+            "put", "tenant:acme:*", "--capacity", "100", "--rate", "10", "--precedence", "5",
+            "--limit", "name=daily,quota=250,per=day,offset=+02:00",
+            "--limit", '{"name": "burst", "capacity": 20, "rate": 5, "shadow": true}',
+        )  # fmt: skip
+        assert (put.returncode, put.stderr) == (0, "")
+        expected = {
+            "key": "tenant:acme:*",
+            "capacity": 100,
+            "rate": 10.0,
+            "limits": [
+                {"name": "daily", "quota": 250, "per": "day", "offset": "+02:00"},
+                {"name": "burst", "capacity": 20, "rate": 5.0, "shadow": True},
+            ],
+            "precedence": 5,
+        }
+        assert json.loads(put.stdout) == expected
+        assert json.loads(cli.rules("get", "tenant:acme:*").stdout) == expected
+
+        cli.rules(
+            "put", "{acme}", "--capacity", "300", "--rate", "300", "--share", "strict", "--level-weights", "2=4,0=1"
+        )
+        cli.rules(
+            "put", "{acme}:batch", "--capacity", "50", "--rate", "50",
+            "--parent", "{acme}", "--weight", "2.5", "--priority", "2", "--shadow",
+        )  # fmt: skip
+        listing = [json.loads(line) for line in cli.rules("list", "--prefix", "{acme}").stdout.splitlines()]
+        assert listing == [
+            {"key": "{acme}", "capacity": 300, "rate": 300.0, "share": "strict", "level_weights": {"0": 1.0, "2": 4.0}},
+            {
+                "key": "{acme}:batch",
+                "capacity": 50,
+                "rate": 50.0,
+                "shadow": True,
+                "parent": "{acme}",
+                "weight": 2.5,
+                "priority": 2,
+            },
+        ]
+        assert cli.stored()["{acme}:batch"].parent == "{acme}"
+
+    def test_put_without_policy_options_stays_a_plain_rule(self, cli: Cli) -> None:
+        cli.rules("put", "alice", "--capacity", "5", "--rate", "1", "--limit", "quota=9,per=hour")
+        cli.rules("put", "alice", "--capacity", "5", "--rate", "1")
+        assert cli.stored()["alice"].is_plain
+        assert json.loads(cli.rules("get", "alice").stdout) == {"key": "alice", "capacity": 5, "rate": 1.0}
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            (("--limit", "quota=5"), "limits: a quota limit needs per"),
+            (("--limit", "quota=5,per=fortnight"), "per must be one of minute, hour, day, week, month"),
+            (("--limit", "capacity=2.5,rate=1"), "capacity must be a whole number"),
+            (("--limit", "capacity=2,rate=1,burst=4"), "unknown limit field(s): burst"),
+            (("--limit", "quota"), "limit: quota needs a value"),
+            (("--limit", "quota=1,per=day,offset=+25:00"), "offset must be within -14:00 and +14:00"),
+            (("--limit", '{"quota": 1,'), "limit: not valid JSON"),
+            (("--limit", "name=rate,quota=1,per=day"), "limit names must differ"),
+            (("--precedence", "high"), "precedence must be a whole number, got 'high'"),
+            (("--priority", "256"), "priority must be a whole number from 0 to 255"),
+            (("--weight", "0"), "weight must be above 0"),
+            (("--weight", "heavy"), "weight must be a number"),
+            (("--share", "fair"), "share must be one of weighted, strict"),
+            (("--parent", "bob"), "parent and child must share a routing key"),
+            (
+                (
+                    "--parent",
+                    "",
+                ),
+                "--parent must not be empty",
+            ),
+            (("--level-weights", "2"), "level_weights: expected priority=weight pairs"),
+            (("--level-weights", "x=1"), "level_weights: 'x' is not a priority"),
+        ],
+    )
+    def test_bad_policy_option_exits_2_with_the_rule_message(
+        self, cli: Cli, options: tuple[str, ...], message: str
+    ) -> None:
+        done = cli.rules("put", "alice", "--capacity", "10", "--rate", "1", *options)
+        assert done.returncode == 2
+        assert_clean_error(done)
+        assert message in done.stderr
+        assert done.stdout == ""
+        assert cli.stored() == {}
+
+
 class TestImport:
     def test_csv_with_bad_rows(self, cli: Cli) -> None:
         path = cli.tmp_path / "rules.csv"
@@ -236,6 +324,28 @@ class TestImport:
         assert_clean_error(done)
         assert "not UTF-8" in done.stderr
 
+    def test_csv_policy_columns_with_bad_rows(self, cli: Cli) -> None:
+        path = cli.tmp_path / "rules.csv"
+        path.write_text(
+            "key,capacity,rate,precedence,shadow,limits\n"  # 1
+            'tenant:*,100,10,2,,"quota=250,per=day"\n'  # 2
+            "tenant:vip:*,1000,100,high,,\n"  # 3
+            "trial,10,1,,yes,\n"  # 4
+            'broken,10,1,,,"[{""quota"": 5}]"\n',  # 5
+            encoding="utf-8",
+        )
+        done = cli.rules("import", str(path))
+        assert done.returncode == 1
+        errors = [line for line in done.stderr.splitlines() if line.startswith(f"{path}:")]
+        assert errors == [
+            f"{path}:3: precedence must be a whole number, got 'high'",
+            f"{path}:5: limits: a quota limit needs per",
+        ]
+        stored = cli.stored()
+        assert sorted(stored) == ["tenant:*", "trial"]
+        assert (stored["tenant:*"].precedence, stored["tenant:*"].limits[0].quota) == (2, 250)
+        assert stored["trial"].shadow
+
     def test_large_import_shows_progress(self, cli: Cli) -> None:
         path = cli.tmp_path / "big.csv"
         path.write_text("key,capacity,rate\n" + "".join(f"user-{i:05},{i % 100},1\n" for i in range(5000)))
@@ -252,7 +362,14 @@ class TestImport:
 
 
 class StubApi(http.server.BaseHTTPRequestHandler):
-    """Allows keys starting with 'ok', denies the rest (429), like the check API."""
+    """Allows keys starting with 'ok', denies the rest (429), like the check API; some keys name a limit."""
+
+    LIMITS: dict[str, dict[str, object]] = {
+        "daily": {"limit": "daily", "retry_after_ms": 3_600_000, "would_deny": False},
+        "forever": {"limit": "rate", "retry_after_ms": None, "would_deny": False},
+        "ok-shadow": {"limit": "burst", "would_deny": True},
+        "ok-plain": {"limit": None, "would_deny": False},
+    }
 
     def do_GET(self) -> None:
         key = self.path.split("/v1/check/", 1)[1].split("?", 1)[0]
@@ -263,7 +380,9 @@ class StubApi(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"<html>hi<")
             return
         allowed = key.startswith("ok")
-        body = json.dumps({"key": key, "allowed": allowed, "remaining": 1 if allowed else 0, "retry_after_ms": None})
+        answer = {"key": key, "allowed": allowed, "remaining": 1 if allowed else 0, "retry_after_ms": None}
+        answer.update(self.LIMITS.get(key, {}))
+        body = json.dumps(answer)
         self.send_response(200 if allowed else 429)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -311,6 +430,25 @@ class TestCheck:
         done = sluicegate("check", "garbled", "--endpoint", stub_endpoint, cwd=tmp_path)
         assert done.returncode == 2
         assert_clean_error(done)
+
+    @pytest.mark.parametrize(
+        ("key", "code", "note"),
+        [
+            ("daily", 1, "sluicegate: denied by the 'daily' limit (retry in 3600 s)\n"),
+            ("forever", 1, "sluicegate: denied by the 'rate' limit (no wait helps)\n"),
+            ("ok-shadow", 0, "sluicegate: allowed, but the shadow limit 'burst' would have denied it\n"),
+            ("ok-plain", 0, ""),
+            ("bob", 1, ""),
+        ],
+    )
+    def test_the_limit_that_decided_is_printed(
+        self, tmp_path: Path, stub_endpoint: str, key: str, code: int, note: str
+    ) -> None:
+        done = sluicegate("check", key, "--endpoint", stub_endpoint, cwd=tmp_path)
+        assert (done.returncode, done.stderr) == (code, note)
+        decision = json.loads(done.stdout)
+        assert decision.get("limit") == StubApi.LIMITS.get(key, {}).get("limit")
+        assert decision.get("would_deny") == StubApi.LIMITS.get(key, {}).get("would_deny")
 
 
 class TestConfiguration:
