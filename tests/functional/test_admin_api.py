@@ -211,6 +211,85 @@ class TestCrud:
         assert "rule store" in payload(response)["error"]
 
 
+class TestPolicy:
+    """The rule fields beyond the main bucket through PUT and GET, and 400 with the rule model's message."""
+
+    PATTERN = {
+        "capacity": 100,
+        "rate": 10.0,
+        "limits": [
+            {"name": "daily", "quota": 250, "per": "day", "offset": "+02:00"},
+            {"name": "burst", "capacity": 20, "rate": 5.0, "shadow": True},
+        ],
+        "precedence": 5,
+    }
+
+    def test_pattern_rule_round_trips(self, service: Service, store: SqliteRuleStore) -> None:
+        response = service.call("PUT", "/v1/rules/tenant%3Aacme%3A%2A", self.PATTERN)
+        assert response.status == 200
+        assert payload(response) == {"key": "tenant:acme:*", **self.PATTERN}
+        assert payload(service.call("GET", "/v1/rules/tenant:acme:*")) == {"key": "tenant:acme:*", **self.PATTERN}
+        assert store.get_rule("tenant:acme:*") == Rule.from_dict(self.PATTERN, key="tenant:acme:*")
+        assert service.changes == [["tenant:acme:*"]]
+
+    def test_parent_and_children_round_trip_and_list(self, service: Service) -> None:
+        parent = {"capacity": 250, "rate": 250.0, "share": "strict", "level_weights": {"0": 1.0, "1": 2.0, "2": 4.0}}
+        child = {"capacity": 100, "rate": 100.0, "shadow": True, "parent": "{acme}", "weight": 6.0, "priority": 2}
+        assert service.call("PUT", "/v1/rules/%7Bacme%7D", parent).status == 200
+        assert service.call("PUT", "/v1/rules/%7Bacme%7D:batch", child).status == 200
+        body = payload(service.call("GET", "/v1/rules", query="prefix=%7Bacme%7D"))
+        assert body["rules"] == [{"key": "{acme}", **parent}, {"key": "{acme}:batch", **child}]
+
+    def test_default_fields_are_left_out_and_old_rules_stay_plain(
+        self, service: Service, store: SqliteRuleStore
+    ) -> None:
+        body = {"capacity": 5, "rate": 1, "shadow": False, "precedence": 0, "weight": 1, "share": "weighted"}
+        assert payload(service.call("PUT", "/v1/rules/alice", body)) == {"key": "alice", "capacity": 5, "rate": 1.0}
+        stored = store.get_rule("alice")
+        assert stored == Rule("alice", 5, 1)
+        assert stored is not None and stored.is_plain
+
+    def test_the_path_names_the_key_not_the_body(self, service: Service, store: SqliteRuleStore) -> None:
+        response = service.call("PUT", "/v1/rules/alice", {"key": "mallory", "capacity": 5, "rate": 1})
+        assert payload(response)["key"] == "alice"
+        assert store.get_rule("mallory") is None
+
+    @pytest.mark.parametrize(
+        ("fields", "message"),
+        [
+            ({"limits": {"quota": 5, "per": "day"}}, "limits must be a list"),
+            ({"limits": [{"quota": 5}]}, "limits: a quota limit needs per"),
+            ({"limits": [{"quota": 5, "per": "fortnight"}]}, "per must be one of minute, hour, day, week, month"),
+            ({"limits": [{"quota": 5, "per": "day", "offset": "+25:00"}]}, "offset must be within"),
+            ({"limits": [{"quota": 5, "per": "day", "offset": "noon"}]}, "offset must be like +02:00"),
+            ({"limits": [{"capacity": 5}]}, "a bucket limit needs rate"),
+            ({"limits": [{"capacity": 5, "rate": 1, "quota": 2}]}, "unknown limit field(s): capacity, rate"),
+            ({"limits": [{"capacity": 5, "rate": 1, "burst": 2}]}, "unknown limit field(s): burst"),
+            ({"limits": [{"name": "rate", "capacity": 5, "rate": 1}]}, "limit names must differ"),
+            ({"limits": [{"name": "x" * 17, "capacity": 5, "rate": 1}]}, "1 to 16 UTF-8 bytes"),
+            ({"limits": [{"capacity": 1, "rate": 1}] * 9}, "at most 8 limits"),
+            ({"shadow": "yes"}, "shadow must be true or false"),
+            ({"precedence": "5"}, "precedence must be a whole number"),
+            ({"parent": "bob"}, "parent and child must share a routing key"),
+            ({"parent": "alice"}, "cannot be its own parent"),
+            ({"parent": "ali*"}, "parent must be an exact key"),
+            ({"weight": 0}, "weight must be above 0"),
+            ({"priority": 256}, "priority must be a whole number from 0 to 255"),
+            ({"share": "fair"}, "share must be one of weighted, strict"),
+            ({"level_weights": [4, 2, 1]}, "level_weights must be an object"),
+            ({"level_weights": {"high": 4}}, "'high' is not a priority"),
+        ],
+    )
+    def test_bad_policy_field_is_400_with_its_message(
+        self, service: Service, store: SqliteRuleStore, fields: dict[str, object], message: str
+    ) -> None:
+        response = service.call("PUT", "/v1/rules/alice", {"capacity": 10, "rate": 1, **fields})
+        assert response.status == 400
+        assert message in payload(response)["error"]
+        assert store.get_rule("alice") is None
+        assert service.changes == []
+
+
 class TestList:
     @pytest.fixture(autouse=True)
     def rules(self, store: SqliteRuleStore) -> None:
