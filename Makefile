@@ -61,6 +61,11 @@ bench: venv bench-deps
 bench-import: venv test-deps
 	$(BIN)/python bench/import_rules.py
 
+# Policy change (QED Fig. 9/10): rule write to enforcement with 100, 10,000 and 1,000,000 rules stored (about 3 minutes).
+.PHONY: bench-policy
+bench-policy: venv
+	$(BIN)/python bench/policy_change.py
+
 # Artillery for loadtest/ (about 590 MB, a minute the first time; nothing when installed): exactly
 # the committed lock, no install scripts (a Playwright dependency would try to download a browser).
 LOADTEST_STAMP := loadtest/node_modules/.installed
