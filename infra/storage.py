@@ -160,7 +160,8 @@ class Storage(Construct):
             acknowledge(
                 grantee,
                 f"AwsSolutions-IAM5[Resource::<{logical_id(self.rules_table)}.Arn>/index/*]",
-                "rule sync queries the rules table's update-time index; CDK grants a table's indexes as index/*",
+                "rule sync queries the rules table's update-time index and partitions list patterns from its "
+                "pattern index; CDK grants a table's indexes as index/*",
             )
         if secret and self.cluster is not None and self.cluster.secret is not None:
             self.cluster.secret.grant_read(grantee)

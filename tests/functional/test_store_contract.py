@@ -4,7 +4,8 @@ Backends come from ``tests/stores`` (one plugin each, listed in
 ``tests.stores.BACKENDS``): every contract test runs against each. An opener
 returns a new handle on the *same* underlying store each time it is called
 within one test, so "two handles see each other's writes" is part of the
-contract.
+contract. The policy fields, pattern index, checkpoint quotas and migration
+from an older schema: ``test_store_policy.py``.
 """
 
 from __future__ import annotations

@@ -113,8 +113,12 @@ def test_dynamodb_tables_match_the_store_schema_unless_aurora(variant: Synthesiz
         assert props["BillingMode"] == "PAY_PER_REQUEST"
         assert props["KeySchema"] == spec["KeySchema"] == [{"AttributeName": "key", "KeyType": "HASH"}]
         assert sorted(props["AttributeDefinitions"], key=str) == sorted(spec["AttributeDefinitions"], key=str)
-    (index,) = rules["Properties"]["GlobalSecondaryIndexes"]
-    assert index == rules_spec["GlobalSecondaryIndexes"][0]
+    # The update-time index (rule sync) and the sparse pattern index, exactly as the store creates them.
+    assert rules["Properties"]["GlobalSecondaryIndexes"] == rules_spec["GlobalSecondaryIndexes"]
+    assert [index["IndexName"] for index in rules_spec["GlobalSecondaryIndexes"]] == [
+        schema.RULES_BY_UPDATE_INDEX,
+        schema.RULES_PATTERN_INDEX,
+    ]
     assert rules["Properties"]["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
     assert rules["DeletionPolicy"] == "Retain"  # rules survive `make destroy`
     assert checkpoints["Properties"]["TimeToLiveSpecification"] == {"AttributeName": schema.TTL, "Enabled": True}

@@ -94,6 +94,69 @@ def dynamodb_opener(aws_env: dict[str, str]) -> Iterator[Callable[[], RuleStore]
         mock.stop(remove_data=False)
 
 
+#: The rules table of the release before policies: no pattern index (tests/stores/contract.py: ``legacy``).
+OLD_RULES_INDEX = {
+    "IndexName": "by-updated-at",
+    "KeySchema": [{"AttributeName": "shard", "KeyType": "HASH"}, {"AttributeName": "updated_at", "KeyType": "RANGE"}],
+    "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["capacity", "rate", "deleted"]},
+}
+
+
+def _old_rule_item(key: str, capacity: int, rate: float, updated_at: float, deleted: bool) -> dict[str, Any]:
+    return {
+        "key": {"S": key},
+        "capacity": {"N": str(capacity)},
+        "rate": {"N": repr(rate)},
+        "updated_at": {"N": repr(updated_at)},
+        "deleted": {"BOOL": deleted},
+        "shard": {"S": "rules"},
+    }
+
+
+@pytest.fixture
+def dynamodb_legacy(aws_env: dict[str, str]) -> Iterator[Callable[..., Callable[[], RuleStore]]]:
+    """Seeds moto tables laid out as in the release before policies; returns an opener on them."""
+    mock = mock_aws()
+    mock.start(reset=False)
+    rules_table, checkpoints_table = _table_names()
+    admin = DynamoRuleStore(rules_table=rules_table, checkpoints_table=checkpoints_table)
+
+    def seed(rules: list[tuple], checkpoints: list[tuple]) -> Callable[[], RuleStore]:
+        client = admin._client
+        client.create_table(
+            TableName=rules_table,
+            BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[
+                {"AttributeName": "key", "AttributeType": "S"},
+                {"AttributeName": "shard", "AttributeType": "S"},
+                {"AttributeName": "updated_at", "AttributeType": "N"},
+            ],
+            KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+            GlobalSecondaryIndexes=[OLD_RULES_INDEX],
+        )
+        client.create_table(
+            TableName=checkpoints_table,
+            BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+        )
+        client.update_time_to_live(
+            TableName=checkpoints_table, TimeToLiveSpecification={"Enabled": True, "AttributeName": "ttl"}
+        )
+        for rule in rules:
+            client.put_item(TableName=rules_table, Item=_old_rule_item(*rule))
+        for key, credit, at_ns, expires_ns in checkpoints:
+            item = {"key": {"S": key}, "credit": {"N": str(credit)}, "at_ns": {"N": str(at_ns)}}
+            client.put_item(TableName=checkpoints_table, Item={**item, "expires_ns": {"N": str(expires_ns)}})
+        return lambda: DynamoRuleStore(rules_table=rules_table, checkpoints_table=checkpoints_table)
+
+    try:
+        yield seed
+    finally:
+        _drop_tables(admin)
+        mock.stop(remove_data=False)
+
+
 class MotoEndpoint:
     """moto's ``ThreadedMotoServer`` on 127.0.0.1 that can be stopped and started again on its port."""
 

@@ -46,3 +46,33 @@ def postgres_dsn(postgres_server: PostgresServer) -> str:
 @pytest.fixture
 def postgres_opener(postgres_dsn: str) -> Callable[[], RuleStore]:
     return lambda: PostgresRuleStore(postgres_dsn)
+
+
+#: The schema of the release before policies (tests/stores/contract.py: ``legacy``).
+OLD_SCHEMA = (
+    """CREATE TABLE rules (
+        key text COLLATE "C" PRIMARY KEY, capacity bigint NOT NULL, rate double precision NOT NULL,
+        updated_at double precision NOT NULL, deleted boolean NOT NULL DEFAULT false
+    )""",
+    "CREATE INDEX rules_updated_at ON rules (updated_at)",
+    """CREATE TABLE checkpoints (
+        key text COLLATE "C" PRIMARY KEY, credit bigint NOT NULL, at_ns bigint NOT NULL, expires_ns bigint NOT NULL
+    )""",
+    "CREATE INDEX checkpoints_expires_ns ON checkpoints (expires_ns)",
+)
+
+
+@pytest.fixture
+def postgres_legacy(postgres_dsn: str) -> Callable[..., Callable[[], RuleStore]]:
+    """Seeds the test's schema with the tables of the release before policies; returns an opener on it."""
+
+    def seed(rules: list[tuple], checkpoints: list[tuple]) -> Callable[[], RuleStore]:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            for statement in OLD_SCHEMA:
+                conn.execute(statement)
+            with conn.cursor() as cursor:
+                cursor.executemany("INSERT INTO rules VALUES (%s, %s, %s, %s, %s)", rules)
+                cursor.executemany("INSERT INTO checkpoints VALUES (%s, %s, %s, %s)", checkpoints)
+        return lambda: PostgresRuleStore(postgres_dsn)
+
+    return seed
