@@ -128,7 +128,17 @@ class Rule:
             object.__setattr__(self, "window_ms", NEVER_MS if window >= NEVER_MS else math.ceil(window))
         else:
             object.__setattr__(self, "window_ms", NEVER_MS)
-        self._validate_policy()
+        if (
+            self.limits
+            or self.shadow
+            or self.precedence
+            or self.parent is not None
+            or self.weight != 1.0
+            or self.priority
+            or self.share != "weighted"
+            or self.level_weights
+        ):
+            self._validate_policy()  # plain rules (most of them) skip it: bulk imports build millions
 
     def _validate_policy(self) -> None:
         if not isinstance(self.limits, tuple) or not all(isinstance(limit, Limit) for limit in self.limits):

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sluicegate.rules import RuleError
-from sluicegate.server.partition import NEVER_FULL, Address, Partition
+from sluicegate.rules import RuleError, is_pattern_key
+from sluicegate.server.partition import NEVER_FULL, Address, Partition, Taken
 from sluicegate.store import Checkpoint, RuleStore, StoreError, StoreUnavailable
 from sluicegate.store.base import MAX_LIST, NEVER_EXPIRES_NS
 
@@ -72,6 +72,8 @@ class StoreKeeper:
         self._tasks: list[asyncio.Task[None]] = []
         self._provisional: set[bytes] = set()  # keys on the default rule until a reload works
         self._synced_at = wall_clock() / 1e9  # rules loaded from now on are fresh
+        self.patterns_loaded = False
+        partition.wall_offset_ns = wall_clock() - clock()  # for calendar quotas
         self.store_down = False
         self._store_back = asyncio.Event()  # wakes the checkpoint loop out of its backoff
         self._logged_at = -LOG_EVERY_S
@@ -141,7 +143,7 @@ class StoreKeeper:
         now = self.clock()
         offset = self.wall_clock() - now
         rules = {key: found.get(name) for name, key in names.items()}
-        checkpoints = {names[name]: (cp.credit, cp.at_ns - offset) for name, cp in saved.items()}
+        checkpoints = {names[name]: (cp.credit, cp.at_ns - offset, cp.quotas) for name, cp in saved.items()}
         return self.partition.rules_loaded(rules, now, checkpoints)
 
     def _read(self, names: list[str]) -> tuple[dict, dict]:
@@ -150,6 +152,16 @@ class StoreKeeper:
         return self.store.get_rules(names), self.store.get_checkpoints(names, now_ns=0)
 
     # -- rule sync --------------------------------------------------------------------------
+
+    async def load_patterns(self) -> bool:
+        """Read every pattern rule (at start; again at each sync until it worked)."""
+        try:
+            patterns = await self._call(self.store.list_patterns)
+        except StoreError:
+            return False
+        self.partition.set_patterns(patterns, self.clock())
+        self.patterns_loaded = True
+        return True
 
     async def _sync_loop(self) -> None:
         while True:
@@ -165,13 +177,20 @@ class StoreKeeper:
         """Apply the rules changed since the previous sync to held keys; returns how many were read."""
         started = self.wall_clock() / 1e9
         since = self._synced_at - self.sync_overlap_s
+        if not self.patterns_loaded and not await self.load_patterns():
+            raise StoreError("patterns not loaded")
         read = 0
         while True:
             changes = await self._call(self.store.changed_since, since)
             read += len(changes)
             if changes:
-                by_key = {change.key.encode("utf-8"): change.rule for change in changes}
-                self.partition.apply_rule_changes(by_key, self.clock())
+                # Patterns may match keys of any partition: every partition takes every pattern change.
+                patterns = {change.key: change.rule for change in changes if is_pattern_key(change.key)}
+                by_key = {change.key.encode("utf-8"): change.rule for change in changes if change.key not in patterns}
+                now = self.clock()
+                if patterns:
+                    self.partition.apply_pattern_changes(patterns, now)
+                self.partition.apply_rule_changes(by_key, now)
                 since = changes[-1].updated_at  # change times are distinct: page forward
             if len(changes) < MAX_LIST:
                 break
@@ -196,6 +215,7 @@ class StoreKeeper:
                 pass
             self._store_back.clear()
             started = loop.time()
+            self.partition.wall_offset_ns = self.wall_clock() - self.clock()  # follows wall-clock steps
             try:
                 await self.write_checkpoints()
                 delay = max(0.0, self.checkpoint_interval_s - (loop.time() - started))  # a fixed rate
@@ -235,16 +255,18 @@ class StoreKeeper:
                 raise
         return written
 
-    def _write_taken(self, taken: list[tuple[bytes, int, int, int]], offset: int) -> int:
-        # On the store thread: mono -> wall times, and the objects the store wants.
+    def _write_taken(self, taken: list[Taken], offset: int) -> int:
+        # On the store thread: mono -> wall times, and the objects the store wants. A checkpoint
+        # with quota counters lives until their window ends, even if the bucket is full by then.
         return self.store.put_checkpoints(
             Checkpoint(
                 key.decode("utf-8"),
                 credit,
                 at + offset,
-                NEVER_EXPIRES_NS if full_at == NEVER_FULL else full_at + offset,
+                NEVER_EXPIRES_NS if full_at == NEVER_FULL else max(full_at + offset, quotas_until),
+                quotas,
             )
-            for key, credit, at, full_at in taken
+            for key, credit, at, full_at, quotas, quotas_until in taken
         )
 
     async def flush(self, timeout_s: float = 5.0) -> None:

@@ -22,20 +22,22 @@ Example:
     >>> [(reply, addr)] = p.rules_loaded({b"alice": None}, now_ns=0)
     >>> codec.decode_check_reply(reply)[1][0].remaining
     7
-    >>> p.take_checkpoints(now_ns=0)  # (key, credit, its time, when it will be full)
-    [(b'alice', 7000000000, 0, 3000000000)]
+    >>> p.take_checkpoints(now_ns=0)  # key, credit, its time, when it will be full, quota state
+    [Taken(key=b'alice', credit=7000000000, at_ns=0, full_at_ns=3000000000, quotas='', quotas_until=0)]
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from sluicegate import codec
 from sluicegate.bucket import Bucket
+from sluicegate.policy import decide
 from sluicegate.rules import MAIN_LIMIT, Rule
 from sluicegate.server.replies import ReplyCache
+from sluicegate.server.rulebook import RuleBook
 
 Address = Any  # whatever the transport uses: (host, port) for UDP
 Ident = tuple[Address, int]  # (sender, request id)
@@ -45,12 +47,26 @@ MAIN_LIMIT_NAME = MAIN_LIMIT.encode()
 MAX_WAIT_NS = 2**61  # ~73 years: a slower refill is recorded as never (keeps times in 64 bits)
 
 
+class Taken(NamedTuple):
+    """A key's state for a checkpoint; times are the partition's monotonic ns except ``quotas_until``."""
+
+    key: bytes
+    credit: int
+    at_ns: int
+    full_at_ns: int  # NEVER_FULL if the bucket never refills
+    quotas: str = ""  # the quota counters' state (policy.encode_quotas), "" if none in use
+    quotas_until: int = 0  # wall ns when that state is void (its last window ends)
+
+
 class Partition:
     """One partition's buckets, reply cache and counters."""
 
     def __init__(self, *, default_rule: Rule, reply_cache_ns: int = DEFAULT_REPLY_CACHE_NS) -> None:
         self.default_rule = default_rule
         self.buckets: dict[bytes, Bucket] = {}
+        # Patterns, policies beyond the main bucket, share groups (absent for plain keys).
+        self.book = RuleBook(default_rule)
+        self.wall_offset_ns = 0  # wall (epoch) ns = now_ns + this; the adapter keeps it current
         # A retried request gets the same answer, charged once.
         self._replies = ReplyCache(reply_cache_ns)
         self._reply_cache_ns = reply_cache_ns
@@ -63,6 +79,7 @@ class Partition:
         self.checks = self.allowed = self.denied = self.malformed = 0
         self.duplicates = self.charged = self.rule_loads = self.datagrams = 0
         self.expired = 0  # parked requests dropped: their sender had given up
+        self.would_deny = 0  # admitted, but a shadow limit would have denied
         # Counted by the adapter, reported with the rest.
         self.store_errors = self.send_errors = 0
 
@@ -79,6 +96,7 @@ class Partition:
             "rule_loads": self.rule_loads,
             "datagrams": self.datagrams,
             "expired": self.expired,
+            "would_deny": self.would_deny,
             "store_errors": self.store_errors,
             "send_errors": self.send_errors,
         }
@@ -112,7 +130,7 @@ class Partition:
         if cached is not None:
             return cached
         bucket = self.buckets.get(key)
-        if bucket is None or ident in self._parked:
+        if bucket is None or ident in self._parked or (self.book.has_waiting and self.book.waiting_for(key)):
             return self._receive_check_items(ident, [(key, cost)], now_ns)
         self.checks += 1
         reply = codec.encode_single_reply(request_id, *self._charge(key, bucket, cost, now_ns))
@@ -142,13 +160,16 @@ class Partition:
         if ident in self._parked:
             self.duplicates += 1
             return None
-        buckets = self.buckets
-        missing = [key for key, _ in checks if key not in buckets and _is_valid_key(key)]
+        missing = [key for key, _ in checks if not self._ready(key) and _is_valid_key(key)]
         if missing:
             self._parked[ident] = (now_ns, checks)
-            self._wanted.update(key for key in missing if key not in self._loading)
+            self._wanted.update(key for key in missing if key not in self._loading and key not in self.buckets)
             return None
         return self._decide(ident, checks, now_ns)
+
+    def _ready(self, key: bytes) -> bool:
+        """Held, and not a child still waiting for its parent's rule."""
+        return key in self.buckets and not (self.book.has_waiting and self.book.waiting_for(key))
 
     def _decide(self, ident: Ident, checks: list[tuple[bytes, int]], now_ns: int) -> bytes:
         results = []
@@ -166,6 +187,9 @@ class Partition:
 
     def _charge(self, key: bytes, bucket: Bucket, cost: int, now_ns: int) -> tuple[int, int, int, int, int, bytes]:
         """Decide one check: ``(status, remaining, retry_after_ms, capacity, window_ms, limit)``."""
+        policy = self.book.policies.get(key)
+        if policy is not None:
+            return self._charge_policy(key, bucket, policy, cost, now_ns)
         rule = bucket.rule
         if bucket.take(cost, now_ns):
             self.allowed += 1
@@ -178,6 +202,21 @@ class Partition:
         if rule is self.default_rule:
             status |= codec.FLAG_DEFAULT_RULE
         return status, bucket.remaining, retry, rule.capacity, rule.window_ms, b"" if retry == 0 else MAIN_LIMIT_NAME
+
+    def _charge_policy(self, key: bytes, bucket: Bucket, policy: Any, cost: int, now_ns: int) -> tuple:
+        result = decide(policy, bucket, cost, now_ns=now_ns, wall_ns=now_ns + self.wall_offset_ns)
+        status = result[0]
+        if status & codec.STATUS_MASK == codec.STATUS_ALLOWED:
+            self.allowed += 1
+            self.charged += cost
+            self._dirty.add(key)
+            if status & codec.FLAG_WOULD_DENY:
+                self.would_deny += 1
+        else:
+            self.denied += 1
+        if bucket.rule is self.default_rule:
+            return (status | codec.FLAG_DEFAULT_RULE, *result[1:])
+        return result
 
     def _replay(self, ident: Ident, now_ns: int) -> bytes | None:
         """The cached reply to a repeated request (counted as a duplicate), else None."""
@@ -208,20 +247,24 @@ class Partition:
         self,
         rules: Mapping[bytes, Rule | None],
         now_ns: int,
-        checkpoints: Mapping[bytes, tuple[int, int]] | None = None,
+        checkpoints: Mapping[bytes, tuple[int, int] | tuple[int, int, str]] | None = None,
     ) -> list[tuple[bytes, Address]]:
         """Install loaded rules (None: the default rule); return replies now due.
 
-        A new key starts full, or at its checkpoint ``(credit, at_ns)`` plus the
-        refill since ``at_ns`` under the rule now in force. A key already held
-        keeps its credit, clamped to the new capacity, and never more than its
-        checkpoint allows (a key first met during a store outage started full).
+        ``None`` means no exact rule is stored: the best matching pattern, else
+        the default rule, applies. A new key starts full, or at its checkpoint
+        ``(credit, at_ns[, quotas])`` plus the refill since ``at_ns`` under the
+        rule now in force (quota counters as saved, if their window is still
+        on). A key already held keeps its credit, clamped to the new capacity,
+        and never more than its checkpoint allows (a key first met during a
+        store outage started full). A child whose parent is not held yet waits
+        for the parent's rule, which is loaded next.
         """
         checkpoints = checkpoints or {}
-        for key, rule in rules.items():
+        for key, exact in rules.items():
             self._loading.discard(key)
             self.rule_loads += 1
-            rule = rule or self.default_rule
+            rule = self.book.resolve(key, exact)
             bucket = self.buckets.get(key)
             saved = checkpoints.get(key)
             restored = None
@@ -230,11 +273,38 @@ class Partition:
                 restored.refill(now_ns)
             if bucket is None:
                 self.buckets[key] = restored or Bucket(rule, now_ns)
+                self._install(key, rule, now_ns, saved[2] if saved is not None and len(saved) > 2 else "")
             else:
                 self._set_rule(key, bucket, rule, now_ns)
                 if restored is not None and restored.credit < bucket.credit:
                     bucket.credit = restored.credit
         return self._answer_invalidations(rules) + self._answer_parked(now_ns)
+
+    def set_patterns(self, rules: Iterable[Rule], now_ns: int) -> int:
+        """Install every stored pattern (at start); held keys without an exact rule are re-resolved."""
+        self.book.set_patterns(rules)
+        return self._reresolve(self.book.change_patterns({}), now_ns)
+
+    def apply_pattern_changes(self, changes: Mapping[str, Rule | None], now_ns: int) -> int:
+        """Apply changed pattern rules (None: deleted); returns how many held keys changed rule."""
+        return self._reresolve(self.book.change_patterns(changes), now_ns)
+
+    def _reresolve(self, keys: Iterable[bytes], now_ns: int) -> int:
+        changed = 0
+        for key in keys:
+            bucket = self.buckets.get(key)
+            if bucket is not None:
+                rule = self.book.resolve(key, None)
+                if rule != bucket.rule:
+                    self._set_rule(key, bucket, rule, now_ns)
+                    changed += 1
+        return changed
+
+    def _install(self, key: bytes, rule: Rule, now_ns: int, quotas: str = "") -> None:
+        wall_ns = now_ns + self.wall_offset_ns
+        parent = self.book.install(key, rule, self.buckets, now_ns=now_ns, wall_ns=wall_ns, quotas=quotas)
+        if parent is not None and parent not in self._loading:
+            self._wanted.add(parent)
 
     def rules_failed(self, keys: Iterable[bytes], now_ns: int) -> tuple[list[bytes], list[tuple[bytes, Address]]]:
         """The store could not be read: new keys get the default rule for now, held keys keep theirs.
@@ -251,12 +321,12 @@ class Partition:
     def apply_rule_changes(self, changes: Mapping[bytes, Rule | None], now_ns: int) -> int:
         """Apply changed rules (None: deleted, back to the default) to held keys; returns how many."""
         applied = 0
-        for key, rule in changes.items():
+        for key, exact in changes.items():
             if key in self._loading:
                 self._wanted.add(key)  # its first load may have read the old rule: load it again
             bucket = self.buckets.get(key)
             if bucket is not None:
-                self._set_rule(key, bucket, rule or self.default_rule, now_ns)
+                self._set_rule(key, bucket, self.book.resolve(key, exact), now_ns)
                 applied += 1
         return applied
 
@@ -264,19 +334,23 @@ class Partition:
         if bucket.rule != rule:
             bucket.set_rule(rule, now_ns)
             self._dirty.add(key)  # the credit may have been clamped
+        self._install(key, rule, now_ns)
 
-    def take_checkpoints(self, now_ns: int, limit: int | None = None) -> list[tuple[bytes, int, int, int]]:
-        """``(key, credit, at_ns, full_at_ns)`` of buckets spent since they were last taken and not full.
+    def take_checkpoints(self, now_ns: int, limit: int | None = None) -> list[Taken]:
+        """:class:`Taken` of buckets spent since they were last taken and not full (or with quota used).
 
         At most ``limit`` keys are taken per call (the rest stay for the next
         call), so that the caller can interleave the work with serving checks.
 
         ``full_at_ns`` is when the bucket will be full again (``NEVER_FULL`` if it
         never refills): from then on the checkpoint is void, as a missing one
-        means "full". A failed write goes back with :meth:`mark_dirty`.
+        means "full". A failed write goes back with :meth:`mark_dirty`. Quota
+        counters in use ride along (``quotas``), void at their window's end
+        (``quotas_until``, wall ns).
         """
         out = []
         buckets = self.buckets
+        policies = self.book.policies
         dirty = self._dirty
         if limit is None or limit >= len(dirty):
             keys, self._dirty = dirty, set()
@@ -289,11 +363,15 @@ class Partition:
             bucket.refill(now_ns)
             rule = bucket.rule
             missing = rule.capacity_nano - bucket.credit
+            policy = policies.get(key)
+            quotas, quotas_until = policy.quotas() if policy is not None else ("", 0)
             if missing <= 0:
+                if quotas:
+                    out.append(Taken(key, bucket.credit, bucket.stamp, bucket.stamp, quotas, quotas_until))
                 continue
             wait_ns = NEVER_FULL if rule.rate <= 0 else math.ceil(missing / rule.rate)
             full_at = NEVER_FULL if wait_ns == NEVER_FULL or wait_ns > MAX_WAIT_NS else bucket.stamp + wait_ns
-            out.append((key, bucket.credit, bucket.stamp, full_at))
+            out.append(Taken(key, bucket.credit, bucket.stamp, full_at, quotas, quotas_until))
         return out
 
     @property
@@ -326,7 +404,7 @@ class Partition:
                 # fallback): charging now would charge for nothing.
                 del self._parked[ident]
                 self.expired += 1
-            elif all(key in buckets or not _is_valid_key(key) for key, _ in checks):
+            elif all(self._ready(key) or (key not in buckets and not _is_valid_key(key)) for key, _ in checks):
                 del self._parked[ident]
                 replies.append((self._decide(ident, checks, now_ns), ident[0]))
         return replies

@@ -86,5 +86,8 @@ async def serve_partition(
             raise ValueError("give listen=(host, port) or a bound sock")
         sock = datagram.open_socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET, listen)
     server = PartitionServer(partition, store, sock, **options)
+    # Patterns first: a key resolved before them would get the default rule until the next sync.
+    # A store that is down now is retried by every sync until it answers.
+    await server.keeper.load_patterns()
     server.start()
     return server, server.address

@@ -163,6 +163,10 @@ class SwitchableStore:
         self._check()
         return self.inner.changed_since(since, limit=limit)
 
+    def list_patterns(self) -> list[Rule]:
+        self._check()
+        return self.inner.list_patterns()
+
     def put_checkpoints(self, checkpoints: Sequence[Checkpoint]) -> int:
         self._check()
         checkpoints = list(checkpoints)

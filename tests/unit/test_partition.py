@@ -126,5 +126,5 @@ def test_checkpoints_are_taken_in_chunks_each_dirty_key_once() -> None:
         chunks.append(chunk)
     assert [len(chunk) for chunk in chunks] == [10, 10, 5]
     assert sorted(key for chunk in chunks for key, *_ in chunk) == sorted(keys)
-    assert all(credit == 9 * 10**9 and full_at == 10**9 for chunk in chunks for _, credit, _, full_at in chunk)
+    assert all(taken.credit == 9 * 10**9 and taken.full_at_ns == 10**9 for chunk in chunks for taken in chunk)
     assert p.take_checkpoints(0) == []  # nothing spent since
