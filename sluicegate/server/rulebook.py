@@ -24,15 +24,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from sluicegate.bucket import Bucket
 from sluicegate.patterns import PatternIndex
 from sluicegate.policy import KeyPolicy
 from sluicegate.rules import Rule
-
-if TYPE_CHECKING:
-    from sluicegate.shares import ShareGroup
+from sluicegate.shares import ShareGroup
 
 
 class RuleBook:
@@ -122,7 +119,7 @@ class RuleBook:
         if bucket is None:
             self._waiting.setdefault(parent, set()).add(key)
             return parent
-        self._join(key, parent, bucket.rule, now_ns=now_ns)
+        self._join(key, parent, bucket, now_ns=now_ns)
         return None
 
     def _parent_ready(self, parent: bytes, rule: Rule, buckets: Mapping[bytes, Bucket], now_ns: int) -> None:
@@ -131,16 +128,15 @@ class RuleBook:
             group.set_parent(rule, now_ns)
         for child in self._waiting.pop(parent, set()):
             policy = self.policies.get(child)
-            if policy is not None and child in buckets:
-                self._join(child, parent, rule, now_ns=now_ns)
+            if policy is not None and child in buckets and parent in buckets:
+                self._join(child, parent, buckets[parent], now_ns=now_ns)
 
-    def _join(self, key: bytes, parent: bytes, parent_rule: Rule, *, now_ns: int) -> None:
+    def _join(self, key: bytes, parent: bytes, parent_bucket: Bucket, *, now_ns: int) -> None:
         policy = self.policies[key]
         group = self.groups.get(parent)
         if group is None:
-            from sluicegate.shares import ShareGroup
-
-            group = self.groups[parent] = ShareGroup(parent_rule, now_ns)
+            # The parent key's own bucket: its direct checks and its children's spend one credit.
+            group = self.groups[parent] = ShareGroup(parent_bucket.rule, now_ns, parent_bucket=parent_bucket)
         policy.group = group
         policy.member = group.join(key, policy.rule, now_ns)
         self._children.setdefault(parent, set()).add(key)
