@@ -1,8 +1,8 @@
 """The CloudWatch dashboard and alarms, over the metrics the router and bucket servers publish as EMF.
 
 Router (Powertools, dimension ``service``): Checks, Allowed, Denied, Fallbacks,
-PartitionErrors, CheckLatency. Bucket servers (one EMF line a minute, dimension
-``Partition``): PartitionChecks, StoreErrors, Keys. ECS Container Insights:
+PartitionErrors, WouldDeny, CheckLatency. Bucket servers (one EMF line a minute, dimension
+``Partition``): PartitionChecks, StoreErrors, WouldDeny, Keys. ECS Container Insights:
 RunningTaskCount per service. DynamoDB: read/write throttle events per table.
 Alarms notify an SNS topic (subscribe to it after deploying).
 
@@ -179,6 +179,9 @@ class Observability(Construct):
                 width=WIDTH,
             ),
             cloudwatch.GraphWidget(title="Check latency (router)", left=latency, width=WIDTH),
+            cloudwatch.GraphWidget(
+                title="Shadow limits: checks they would deny", left=[self._router("WouldDeny")], width=WIDTH
+            ),
             cloudwatch.GraphWidget(
                 title="Checks per partition", left=[self._search("PartitionChecks", "Sum")], width=WIDTH
             ),

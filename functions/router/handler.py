@@ -10,7 +10,7 @@ Every request goes to :class:`sluicegate.router.api.CheckApi`, the code
   resolved again after ``SLUICEGATE_DNS_TTL_S`` and after a fallback.
 * Powertools: ``ALBResolver``, ``Logger`` with the ALB trace id as the
   correlation id, ``Metrics`` (EMF: Checks, Allowed, Denied, Fallbacks,
-  PartitionErrors, CheckLatency), ``Tracer``.
+  PartitionErrors, WouldDeny, CheckLatency), ``Tracer``.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def _serve() -> Response:
         metrics.add_metric(name="Denied", unit=MetricUnit.Count, value=tally.denied)
         metrics.add_metric(name="Fallbacks", unit=MetricUnit.Count, value=tally.fallbacks)
         metrics.add_metric(name="PartitionErrors", unit=MetricUnit.Count, value=tally.partition_errors)
+        metrics.add_metric(name="WouldDeny", unit=MetricUnit.Count, value=tally.would_deny)
         metrics.add_metric(
             name="CheckLatency", unit=MetricUnit.Milliseconds, value=(time.perf_counter() - started) * 1000
         )

@@ -16,6 +16,7 @@ class Tally:
     allowed: int = 0
     denied: int = 0
     fallbacks: int = 0
+    would_deny: int = 0  # admitted, but a shadow limit would have denied
     partition_errors: int = 0  # attempts that timed out
 
 
@@ -44,6 +45,8 @@ class MeteredClient(PartitionClient):
             tally.denied += 1
         if decision.fallback:
             tally.fallbacks += 1
+        if decision.would_deny:
+            tally.would_deny += 1
 
     def take_tally(self) -> Tally:
         tally, self._tally = self._tally, Tally()

@@ -15,9 +15,9 @@ import json
 from collections.abc import Mapping
 
 # The partition's counters published as metrics, by metric name.
-PUBLISHED = {"PartitionChecks": "checks", "StoreErrors": "store_errors", "Keys": "keys"}
+PUBLISHED = {"PartitionChecks": "checks", "StoreErrors": "store_errors", "WouldDeny": "would_deny", "Keys": "keys"}
 # Counters that only grow: publish what they grew by since the previous line. "keys" is a level.
-GROWING = frozenset({"checks", "store_errors"})
+GROWING = frozenset({"checks", "store_errors", "would_deny"})
 
 
 def encode_emf(namespace: str, dimensions: Mapping[str, str], values: Mapping[str, float], *, timestamp_ms: int) -> str:

@@ -141,7 +141,7 @@ def test_runs_from_the_environment_reports_health_metrics_and_checkpoints_on_sig
     assert metrics["Partition"] == "2" and metrics["Keys"] == 2 and metrics["PartitionChecks"] == 3
     directive = metrics["_aws"]["CloudWatchMetrics"][0]
     assert directive["Namespace"] == "Sluicegate" and directive["Dimensions"] == [["Partition"]]
-    assert {m["Name"] for m in directive["Metrics"]} == {"PartitionChecks", "StoreErrors", "Keys"}
+    assert {m["Name"] for m in directive["Metrics"]} == {"PartitionChecks", "StoreErrors", "WouldDeny", "Keys"}
 
     started = time.monotonic()
     container.send_signal(signal.SIGTERM)

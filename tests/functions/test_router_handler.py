@@ -176,8 +176,9 @@ def test_metrics_are_valid_emf_and_count_the_decisions(router: ModuleType, capsy
     assert len(emf) == 1
     assert_valid_emf(emf[0])
     assert emf[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Sluicegate"
-    counts = {name: sum(emf[0][name]) for name in ("Checks", "Allowed", "Denied", "Fallbacks", "PartitionErrors")}
-    assert counts == {"Checks": 3, "Allowed": 2, "Denied": 1, "Fallbacks": 0, "PartitionErrors": 0}
+    names = ("Checks", "Allowed", "Denied", "Fallbacks", "PartitionErrors", "WouldDeny")
+    counts = {name: sum(emf[0][name]) for name in names}
+    assert counts == {"Checks": 3, "Allowed": 2, "Denied": 1, "Fallbacks": 0, "PartitionErrors": 0, "WouldDeny": 0}
     assert emf[0]["CheckLatency"][0] > 0
     assert emf[0]["service"] == "sluicegate-router"
 
