@@ -66,7 +66,7 @@ bench-patterns: venv
 bench-import: venv test-deps
 	$(BIN)/python bench/import_rules.py
 
-# Policy change (QED Fig. 9/10): rule write to enforcement with 100, 10,000 and 1,000,000 rules stored (about 3 minutes).
+# Policy change (QED Fig. 9/10): rule write to enforcement with 100, 10,000 and 1,000,000 rules stored (about 2 minutes).
 .PHONY: bench-policy
 bench-policy: venv
 	$(BIN)/python bench/policy_change.py
