@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 
 from sluicegate.decision import Decision
-from sluicegate_sdk.checks import OnError, normalize_checks, validate_check
-from sluicegate_sdk.httpapi import USER_AGENT, Endpoint, Unavailable, batch_body, batches, decisions
+from sluicegate_sdk.checks import normalize_checks, validate_check
+from sluicegate_sdk.httpapi import ClientOptions, Unavailable, batch_body, batches, decisions
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024
@@ -44,17 +44,14 @@ class AsyncClient:
         pool_size: int = 8,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if pool_size < 1:
-            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
-        self.endpoint = Endpoint.parse(endpoint)
+        options = ClientOptions.parse(
+            endpoint, timeout=timeout, on_error=on_error, pool_size=pool_size, headers=headers
+        )
+        self.endpoint = options.endpoint
         self.timeout = timeout
-        self.on_error = OnError(on_error)
+        self.on_error = options.on_error
         self.pool_size = pool_size
-        fields = {"Host": self.endpoint.host_header, "User-Agent": USER_AGENT, "Accept": "application/json"}
-        fields.update(headers or {})
-        self._head_fields = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
+        self._head_fields = "".join(f"{name}: {value}\r\n" for name, value in options.headers.items())
         self._idle: list[Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False

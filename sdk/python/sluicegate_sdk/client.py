@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 
 from sluicegate.decision import Decision
-from sluicegate_sdk.checks import OnError, normalize_checks, validate_check
-from sluicegate_sdk.httpapi import USER_AGENT, Endpoint, Unavailable, batch_body, batches, decisions
+from sluicegate_sdk.checks import normalize_checks, validate_check
+from sluicegate_sdk.httpapi import ClientOptions, Unavailable, batch_body, batches, decisions
 
 # A kept-alive connection the server has closed meanwhile fails like this on reuse: try once more on a new one.
 _STALE = (ConnectionResetError, BrokenPipeError)
@@ -48,20 +48,14 @@ class Client:
         pool_size: int = 8,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if pool_size < 1:
-            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
-        self.endpoint = Endpoint.parse(endpoint)
+        options = ClientOptions.parse(
+            endpoint, timeout=timeout, on_error=on_error, pool_size=pool_size, headers=headers
+        )
+        self.endpoint = options.endpoint
         self.timeout = timeout
-        self.on_error = OnError(on_error)
+        self.on_error = options.on_error
         self.pool_size = pool_size
-        self._headers = {
-            "Host": self.endpoint.host_header,
-            "User-Agent": USER_AGENT,
-            "Accept": "application/json",
-            **(headers or {}),
-        }
+        self._headers = options.headers
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()

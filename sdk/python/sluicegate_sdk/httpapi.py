@@ -11,12 +11,12 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from sluicegate.decision import Decision
-from sluicegate_sdk.checks import CheckError
+from sluicegate_sdk.checks import CheckError, OnError
 
 MAX_BATCH = 100  # checks per POST /v1/check (the service's limit)
 USER_AGENT = "sluicegate-sdk-python/0.1"
@@ -62,6 +62,29 @@ class Endpoint:
     @property
     def batch_target(self) -> str:
         return f"{self.base_path}/v1/check"
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """What both HTTP clients are built from, checked once: bad values raise ValueError."""
+
+    endpoint: Endpoint
+    timeout: float
+    on_error: OnError
+    pool_size: int
+    headers: dict[str, str]  # sent with every request
+
+    @classmethod
+    def parse(
+        cls, endpoint: str, *, timeout: float, on_error: str, pool_size: int, headers: Mapping[str, str] | None
+    ) -> ClientOptions:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+        parsed = Endpoint.parse(endpoint)
+        fields = {"Host": parsed.host_header, "User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+        return cls(parsed, timeout, OnError(on_error), pool_size, fields)
 
 
 def batch_body(checks: Sequence[tuple[str, int]]) -> bytes:
