@@ -22,7 +22,7 @@ Example:
     >>> parse_level_weights("2=4,1=2,0=1")
     {'2': 4, '1': 2, '0': 1}
     >>> policy_from_text({"precedence": "5", "shadow": "yes", "parent": ""})
-    {'precedence': 5, 'shadow': True}
+    {'shadow': True, 'precedence': 5}
 """
 
 from __future__ import annotations
