@@ -29,8 +29,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from metered import MeteredClient
 
 from sluicegate.config import Config
+from sluicegate.directory import PartitionDirectory
 from sluicegate.router.api import CheckApi, HttpRequest, HttpResponse
-from sluicegate.router.directory import PartitionDirectory
 from sluicegate.router.lambda_proxy import http_request, response_fields
 
 # Health checks and refused requests decide nothing: an invocation without metrics is normal.

@@ -9,7 +9,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from sluicegate.config import Config, ConfigError
-from sluicegate.router.directory import UNREACHABLE, PartitionDirectory
+from sluicegate.directory import UNREACHABLE, PartitionDirectory
 
 
 class Dns:

@@ -23,8 +23,8 @@ from types import TracebackType
 from typing import Any
 
 from sluicegate.decision import Decision
+from sluicegate.directory import UNREACHABLE
 from sluicegate.exchange import Answer
-from sluicegate.router.directory import UNREACHABLE
 from sluicegate_sdk.checks import normalize_checks, validate_check
 from sluicegate_sdk.partitions import DirectBase
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from types import TracebackType
 
 from sluicegate.decision import Decision
+from sluicegate.directory import UNREACHABLE
 from sluicegate.exchange import Answer, Flight
-from sluicegate.router.directory import UNREACHABLE
 from sluicegate_sdk.checks import normalize_checks, validate_check
 from sluicegate_sdk.partitions import DirectBase
 

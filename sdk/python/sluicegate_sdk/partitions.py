@@ -6,7 +6,7 @@ stack registers them so in a Cloud Map private DNS namespace, UDP port 7000).
 Names are resolved again after ``dns_ttl`` seconds and as soon as a
 partition failed to answer (its task may have moved); a name that does not
 resolve keeps its last address, and checks for a partition whose name never
-resolved fall back at once (see :class:`sluicegate.router.directory.PartitionDirectory`).
+resolved fall back at once (see :class:`sluicegate.directory.PartitionDirectory`).
 
 Example:
     >>> partition_endpoints(namespace="sluicegate.internal", partition_count=2)
@@ -19,8 +19,8 @@ import math
 from collections.abc import Sequence
 
 from sluicegate.decision import Decision
+from sluicegate.directory import PartitionDirectory
 from sluicegate.exchange import Exchange
-from sluicegate.router.directory import PartitionDirectory
 from sluicegate.routing import partition_for
 from sluicegate_sdk.checks import OnError
 
