@@ -123,6 +123,8 @@ class Limit:
         if not isinstance(data, dict):
             raise LimitError("a limit must be an object")
         is_quota = "quota" in data or "per" in data
+        if is_quota and ("capacity" in data or "rate" in data):
+            raise LimitError("a limit is a bucket (capacity, rate) or a quota (quota, per), not both")
         allowed = {"name", "shadow", *(("quota", "per", "offset") if is_quota else ("capacity", "rate"))}
         unknown = set(data) - allowed
         if unknown:

@@ -263,7 +263,10 @@ class TestPolicy:
             ({"limits": [{"quota": 5, "per": "day", "offset": "+25:00"}]}, "offset must be within"),
             ({"limits": [{"quota": 5, "per": "day", "offset": "noon"}]}, "offset must be like +02:00"),
             ({"limits": [{"capacity": 5}]}, "a bucket limit needs rate"),
-            ({"limits": [{"capacity": 5, "rate": 1, "quota": 2}]}, "unknown limit field(s): capacity, rate"),
+            (
+                {"limits": [{"capacity": 5, "rate": 1, "quota": 2}]},
+                "a bucket (capacity, rate) or a quota (quota, per), not both",
+            ),
             ({"limits": [{"capacity": 5, "rate": 1, "burst": 2}]}, "unknown limit field(s): burst"),
             ({"limits": [{"name": "rate", "capacity": 5, "rate": 1}]}, "limit names must differ"),
             ({"limits": [{"name": "x" * 17, "capacity": 5, "rate": 1}]}, "1 to 16 UTF-8 bytes"),
