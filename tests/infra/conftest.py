@@ -21,9 +21,10 @@ DOMAIN = "quota.example.com"
 ZONE = "Z0123456789ABCDEFGHIJ"
 CERTIFICATE = "arn:aws:acm:eu-west-1:123456789012:certificate/12345678-90ab-cdef-1234-567890abcdef"
 
-# Every listed value of every key is synthesized at least once: alb/route53 x aurora on/off x 1, 4, 16.
+# Every combination of alb/route53 x aurora on/off x 1, 4, 16 partitions, some with the other options.
 VARIANTS: dict[str, dict[str, Any]] = {
     "alb-1": {"partitions": 1},
+    "alb-1-aurora": {"partitions": 1, "aurora": True},
     "alb-4": {},  # the defaults
     "alb-16": {"partitions": "16"},  # as `-c partitions=16` gives it
     "alb-4-aurora": {"aurora": True},
@@ -38,6 +39,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "route53-4": {"front": "route53", "domain": DOMAIN, "hosted_zone": ZONE},
     "route53-1-aurora": {"front": "route53", "partitions": 1, "aurora": True, "domain": DOMAIN, "hosted_zone": ZONE},
     "route53-16": {"front": "route53", "partitions": 16, "domain": DOMAIN, "hosted_zone": ZONE},
+    "route53-1": {"front": "route53", "partitions": 1, "domain": DOMAIN, "hosted_zone": ZONE},
+    "route53-4-aurora": {"front": "route53", "aurora": True, "domain": DOMAIN, "hosted_zone": ZONE},
+    "route53-16-aurora": {"front": "route53", "partitions": 16, "aurora": True, "domain": DOMAIN, "hosted_zone": ZONE},
 }
 
 
