@@ -274,3 +274,16 @@ def test_quota_counters_survive_a_restart_within_one_checkpoint_interval(tmp_pat
     # 150 a day: 110 were spent before the crash; at most the 10 of the last interval come back.
     assert 40 <= after_crash <= 50
     assert after_stop == 0  # the day's quota is used up, across a clean restart too
+
+
+def test_a_child_ceiling_caps_its_demand_and_the_others_get_the_rest(tmp_path: Path) -> None:
+    parent = {"key": "{t}:parent", "capacity": 300, "rate": 300}
+    capped = {"key": "{t}:capped", "capacity": 50, "rate": 50, "parent": "{t}:parent", "weight": 5}
+    rules = [parent, capped, *children("{t}:parent", {"other": 1})]
+
+    async def scenario(client: PartitionClient, clock: ManualClock) -> dict[str, float]:
+        return await demand(client, clock, {"{t}:capped": 600, "{t}:other": 600}, seconds=12)
+
+    got = run(tmp_path, rules, scenario)
+    # By weight alone "capped" would get 250/s; its own 50/s ceiling holds, and "other" takes the rest.
+    assert near(got["{t}:capped"], 50) and near(got["{t}:other"], 250), got
