@@ -1,7 +1,7 @@
 /*
  * udpecho: a trivial UDP reflector that answers each Sluicegate CHECK
  * datagram with a correctly shaped reply (same request id, op | 0x80,
- * count items of 17 zero bytes = "allowed"), doing no other work.
+ * count items of 33 zero bytes = "allowed"), doing no other work.
  *
  * Used by bench/run.py to measure the ceiling of the load generator
  * (udpload): if the generator drives this far faster than it drives the
@@ -20,7 +20,7 @@
 
 #define VLEN 64
 #define HDR 14
-#define ITEM 17
+#define ITEM 33
 
 int main(int argc, char **argv) {
     if (argc != 2) {

@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #define HDR 14
-#define ITEM_REPLY 17
+#define ITEM_REPLY 33 /* status u8, remaining, retry_after_ms, capacity, window_ms u32, limit name 16 bytes */
 #define MAX_BATCH 2048
 #define MAX_KEY 64
 
@@ -132,7 +132,7 @@ static size_t build(uint8_t *buf, uint64_t id, uint32_t batch, int mode, uint64_
     size_t off = HDR;
     buf[0] = 'S';
     buf[1] = 'G';
-    buf[2] = 1;
+    buf[2] = 2; /* wire version */
     buf[3] = 1; /* OP_CHECK */
     for (int i = 0; i < 8; i++) buf[4 + i] = (uint8_t)(id >> (56 - 8 * i));
     buf[12] = (uint8_t)(batch >> 8);
