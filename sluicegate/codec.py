@@ -15,8 +15,14 @@ A reply has the request's op with the high bit set, the same request id, and
 * ``STATS``: no items; reply ``count`` u64 counters in :data:`STAT_NAMES` order.
 * ``INVALIDATE``: items ``key_len u16 | key``; the server reloads those keys'
   rules. Reply: header only, ``count`` = keys it held.
+* ``ACQUIRE`` (one item): ``key_len u16 | cost u32 | ttl_ms u32 | max_wait_ms u32 | key``;
+  reply: a CHECK reply item then ``lease u64`` (0 when denied).
+* ``RELEASE``: items ``key_len u16 | lease u64 | wait_ms u32 | service_ms u32 | key``; reply
+  items ``status u8 | limit u32`` (released or unknown lease; the key's concurrency limit now).
+* ``CHECK_WAIT`` (one item): ``key_len u16 | cost u32 | max_wait_ms u32 | key``; reply as CHECK.
+  The server may hold the request up to ``max_wait_ms`` before it answers.
 
-Op codes 4-127 are free for later ops (acquire, release, ...). A reply is never
+Op codes 7-127 are free for later ops. A reply is never
 larger than the datagram that caused it (no amplification): encoders pad a
 request with zero bytes up to the size of its reply, and decoders reject a
 request too short to pay for its reply.
@@ -45,12 +51,17 @@ VERSION = 2  # 2: reply items name the deciding limit
 OP_CHECK = 1
 OP_STATS = 2
 OP_INVALIDATE = 3
+OP_ACQUIRE = 4
+OP_RELEASE = 5
+OP_CHECK_WAIT = 6
 REPLY_BIT = 0x80
-KNOWN_OPS = frozenset({OP_CHECK, OP_STATS, OP_INVALIDATE})
+KNOWN_OPS = frozenset({OP_CHECK, OP_STATS, OP_INVALIDATE, OP_ACQUIRE, OP_RELEASE, OP_CHECK_WAIT})
 
 STATUS_ALLOWED = 0
 STATUS_DENIED = 1
 STATUS_INVALID = 2  # the key is not valid UTF-8
+RELEASED = 0
+UNKNOWN_LEASE = 1  # never granted, released before, or reclaimed after its ttl
 STATUS_MASK = 0x0F
 FLAG_DEFAULT_RULE = 0x80  # set in the status byte when the default rule decided
 FLAG_WOULD_DENY = 0x40  # admitted, but a shadow limit (named in the item) would have denied it
@@ -120,16 +131,16 @@ def stats_reply_size() -> int:
     return HEADER_SIZE + COUNTER.size * len(STAT_NAMES)
 
 
-def _pad(data: bytes, size: int) -> bytes:
+def pad(data: bytes, size: int) -> bytes:
     return data + bytes(size - len(data)) if len(data) < size else data
 
 
-def _check_key_size(key: bytes) -> None:
+def check_key_size(key: bytes) -> None:
     if not 1 <= len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key must be 1 to {MAX_KEY_BYTES} bytes")
 
 
-def _key_end(data: bytes, offset: int, key_len: int) -> int:
+def key_end(data: bytes, offset: int, key_len: int) -> int:
     """Where a key of ``key_len`` bytes at ``offset`` ends; malformed if it cannot be there."""
     end = offset + key_len
     if not 1 <= key_len <= MAX_KEY_BYTES or end > len(data):
@@ -137,7 +148,7 @@ def _key_end(data: bytes, offset: int, key_len: int) -> int:
     return end
 
 
-def _check_padding(data: bytes, end: int) -> None:
+def check_padding(data: bytes, end: int) -> None:
     # count() scans in place: no slice is allocated on the hot path.
     if end < len(data) and data.count(0, end) != len(data) - end:
         raise MalformedDatagram("trailing bytes that are not padding")
@@ -157,7 +168,7 @@ def decode_header(data: bytes) -> tuple[int, int, int]:
     return op, request_id, count
 
 
-def _decode_request_header(data: bytes, expected_op: int) -> tuple[int, int]:
+def decode_request_header(data: bytes, expected_op: int) -> tuple[int, int]:
     op, request_id, count = decode_header(data)
     if op != expected_op:
         raise MalformedDatagram(f"expected op {expected_op}, got {op}")
@@ -170,17 +181,17 @@ def encode_check_request(request_id: int, checks: Sequence[tuple[bytes, int]]) -
         raise ValueError(f"a check datagram carries 1 to {MAX_ITEMS} checks")
     parts = [HEADER.pack(MAGIC, VERSION, OP_CHECK, request_id, len(checks))]
     for key, cost in checks:
-        _check_key_size(key)
+        check_key_size(key)
         if not 1 <= cost <= MAX_COST:
             raise ValueError(f"cost must be 1 to {MAX_COST}")
         parts.append(CHECK_ITEM.pack(len(key), cost))
         parts.append(key)
-    return _pad(b"".join(parts), check_reply_size(len(checks)))
+    return pad(b"".join(parts), check_reply_size(len(checks)))
 
 
 def decode_check_request(data: bytes) -> tuple[int, list[tuple[bytes, int]]]:
     """Return ``(request_id, [(key, cost), ...])`` of a CHECK datagram."""
-    request_id, count = _decode_request_header(data, OP_CHECK)
+    request_id, count = decode_request_header(data, OP_CHECK)
     return request_id, decode_check_items(data, count)
 
 
@@ -198,12 +209,12 @@ def decode_check_items(data: bytes, count: int) -> list[tuple[bytes, int]]:
             raise MalformedDatagram("truncated item")
         key_len, cost = CHECK_ITEM.unpack_from(data, offset)
         offset += 6
-        end = _key_end(data, offset, key_len)
+        end = key_end(data, offset, key_len)
         if cost == 0:
             raise MalformedDatagram("cost must be positive")
         checks.append((data[offset:end], cost))
         offset = end
-    _check_padding(data, offset)
+    check_padding(data, offset)
     return checks
 
 
@@ -224,10 +235,10 @@ def decode_single_check(data: bytes) -> tuple[int, bytes, int] | None:
     _, _, _, request_id, count, key_len, cost = SINGLE_CHECK.unpack_from(data)
     if count != 1:
         return None
-    end = _key_end(data, SINGLE_CHECK.size, key_len)
+    end = key_end(data, SINGLE_CHECK.size, key_len)
     if cost == 0:
         raise MalformedDatagram("cost must be positive")
-    _check_padding(data, end)
+    check_padding(data, end)
     return request_id, data[SINGLE_CHECK.size : end], cost
 
 
@@ -253,7 +264,7 @@ def encode_check_reply(request_id: int, results: Sequence[tuple[int, int, int, i
 
 def decode_check_reply(data: bytes) -> tuple[int, list[ItemResult]]:
     """Return ``(request_id, [ItemResult, ...])`` of a CHECK reply."""
-    request_id, count = _decode_request_header(data, OP_CHECK | REPLY_BIT)
+    request_id, count = decode_request_header(data, OP_CHECK | REPLY_BIT)
     if len(data) != check_reply_size(count):
         raise MalformedDatagram("reply size does not match its item count")
     unpack = RESULT_ITEM.unpack_from
@@ -266,15 +277,15 @@ def decode_check_reply(data: bytes) -> tuple[int, list[ItemResult]]:
 
 
 def encode_stats_request(request_id: int) -> bytes:
-    return _pad(HEADER.pack(MAGIC, VERSION, OP_STATS, request_id, 0), stats_reply_size())
+    return pad(HEADER.pack(MAGIC, VERSION, OP_STATS, request_id, 0), stats_reply_size())
 
 
 def decode_stats_request(data: bytes) -> int:
     """Return the request id of a STATS datagram."""
-    request_id, _ = _decode_request_header(data, OP_STATS)
+    request_id, _ = decode_request_header(data, OP_STATS)
     if len(data) < stats_reply_size():
         raise MalformedDatagram("stats request smaller than its reply (not padded)")
-    _check_padding(data, HEADER_SIZE)
+    check_padding(data, HEADER_SIZE)
     return request_id
 
 
@@ -284,7 +295,7 @@ def encode_stats_reply(request_id: int, counters: dict[str, int]) -> bytes:
 
 
 def decode_stats_reply(data: bytes) -> tuple[int, dict[str, int]]:
-    request_id, count = _decode_request_header(data, OP_STATS | REPLY_BIT)
+    request_id, count = decode_request_header(data, OP_STATS | REPLY_BIT)
     if len(data) != HEADER_SIZE + COUNTER.size * count:
         raise MalformedDatagram("stats reply size does not match its count")
     # A newer server may send more counters than this client knows: keep the known ones.
@@ -297,14 +308,14 @@ def encode_invalidate_request(request_id: int, keys: Sequence[bytes]) -> bytes:
         raise ValueError(f"an invalidate datagram carries 1 to {MAX_ITEMS} keys")
     parts = [HEADER.pack(MAGIC, VERSION, OP_INVALIDATE, request_id, len(keys))]
     for key in keys:
-        _check_key_size(key)
+        check_key_size(key)
         parts.append(KEY_LEN.pack(len(key)))
         parts.append(key)
     return b"".join(parts)
 
 
 def decode_invalidate_request(data: bytes) -> tuple[int, list[bytes]]:
-    request_id, count = _decode_request_header(data, OP_INVALIDATE)
+    request_id, count = decode_request_header(data, OP_INVALIDATE)
     if not 1 <= count <= MAX_ITEMS:
         raise MalformedDatagram("item count out of range")
     keys = []
@@ -314,10 +325,10 @@ def decode_invalidate_request(data: bytes) -> tuple[int, list[bytes]]:
             raise MalformedDatagram("truncated item")
         (key_len,) = KEY_LEN.unpack_from(data, offset)
         offset += 2
-        end = _key_end(data, offset, key_len)
+        end = key_end(data, offset, key_len)
         keys.append(data[offset:end])
         offset = end
-    _check_padding(data, offset)
+    check_padding(data, offset)
     return request_id, keys
 
 
@@ -326,7 +337,7 @@ def encode_invalidate_reply(request_id: int, held: int) -> bytes:
 
 
 def decode_invalidate_reply(data: bytes) -> tuple[int, int]:
-    request_id, held = _decode_request_header(data, OP_INVALIDATE | REPLY_BIT)
+    request_id, held = decode_request_header(data, OP_INVALIDATE | REPLY_BIT)
     if len(data) != HEADER_SIZE:
         raise MalformedDatagram("invalidate reply has a body")
     return request_id, held
