@@ -145,6 +145,8 @@ class Rule:
             raise RuleError("limits must be a tuple of Limit")
         if len(self.limits) > MAX_LIMITS:
             raise RuleError(f"a rule holds at most {MAX_LIMITS} limits besides its main bucket")
+        if sum(limit.is_concurrency for limit in self.limits) > 1:
+            raise RuleError("a rule holds at most one concurrency limit")
         names = [MAIN_LIMIT, *(limit.name for limit in self.limits)]
         if len(set(names)) != len(names):
             raise RuleError("limit names must differ from each other and from 'rate' (the main bucket)")
