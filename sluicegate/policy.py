@@ -57,9 +57,11 @@ class KeyPolicy:
         self.rule = rule
         self.names = [limit.name.encode() for limit in rule.limits]
         saved = decode_quotas(saved_quotas)
-        self.states: list[Bucket | QuotaCounter] = []
+        self.states: list[Bucket | QuotaCounter | None] = []
         for limit in rule.limits:
-            if limit.is_quota:
+            if limit.is_concurrency:
+                self.states.append(None)  # leases live in the partition's admission state, not here
+            elif limit.is_quota:
                 window_start, used = saved.get(limit.name, (None, 0))
                 self.states.append(QuotaCounter(limit, wall_ns, window_start_ns=window_start, used=used))
             else:
@@ -72,7 +74,7 @@ class KeyPolicy:
         previous = {limit.name: (limit, state) for limit, state in zip(old.rule.limits, old.states, strict=True)}
         for index, limit in enumerate(self.rule.limits):
             found = previous.get(limit.name)
-            if found is None or found[0].is_quota != limit.is_quota:
+            if found is None or found[0].is_quota != limit.is_quota or found[1] is None or limit.is_concurrency:
                 continue
             state = found[1]
             if isinstance(state, QuotaCounter):
@@ -128,6 +130,9 @@ def decide(policy: KeyPolicy, bucket: Bucket, cost: int, *, now_ns: int, wall_ns
             blocked.append(entry)
     rooms: list[bool] = []
     for limit, name, state in zip(rule.limits, policy.names, policy.states, strict=True):
+        if state is None:  # a concurrency limit: acquires only
+            rooms.append(False)
+            continue
         if isinstance(state, QuotaCounter):
             room = state.has_room(cost, wall_ns)
         else:
@@ -159,7 +164,7 @@ def decide(policy: KeyPolicy, bucket: Bucket, cost: int, *, now_ns: int, wall_ns
     if main_room:
         bucket.credit -= need
     for room, state in zip(rooms, policy.states, strict=True):
-        if room:
+        if room and state is not None:
             if isinstance(state, QuotaCounter):
                 state.charge(cost)
             else:
