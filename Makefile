@@ -71,6 +71,11 @@ bench-import: venv test-deps
 bench-policy: venv
 	$(BIN)/python bench/policy_change.py
 
+# Adaptive concurrency limit (OpenStack Algorithm 1) in a discrete-event simulation: sweep, trace of L (about 5 s, CPU only).
+.PHONY: bench-adaptive
+bench-adaptive: venv
+	$(BIN)/python bench/adaptive_limit.py
+
 # Artillery for loadtest/ (about 590 MB, a minute the first time; nothing when installed): exactly
 # the committed lock, no install scripts (a Playwright dependency would try to download a browser).
 LOADTEST_STAMP := loadtest/node_modules/.installed

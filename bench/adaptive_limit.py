@@ -2,7 +2,7 @@
 """Algorithm 1 against a simulated backend: where the adaptive limit settles, and the best fixed limit.
 
 ``.venv/bin/python bench/adaptive_limit.py [--clients 200] [--think-ms 60] [--seconds 30] [--seed 1]``
-(``make bench-adaptive``; about 10 s of CPU, no sleeps, nothing started)
+(``make bench-adaptive``; about 5 s of CPU, no sleeps, nothing started)
 
 A discrete-event simulation, seeded:
 
@@ -221,7 +221,7 @@ def main() -> None:
     populations = [int(part) for part in args.populations.split(",") if part.strip()]
     if populations:
         print("\nother populations (think time as above): where L ends against the optimum")
-        print(f"{'clients':>8} {'optimum':>8} {'ends at':>8} {'gap':>6} {'balance estimate':>17}")
+        print(f"{'clients':>8} {'optimum':>8} {'ends at':>8} {'gap':>6} {'clients/(2+think/20ms)':>23}")
         for clients in populations:
             other = Workload(clients=clients, think_ns=workload.think_ns, backend=backend)
             other_best = optimum(sweep(other, seed=args.seed))
@@ -229,7 +229,7 @@ def main() -> None:
             estimate = clients / (2 + workload.think_ns / backend.base_ns)
             print(
                 f"{clients:>8} {other_best:>8} {ended:>8} {(ended - other_best) / other_best:>+6.0%} "
-                f"{math.floor(estimate):>17}"
+                f"{math.floor(estimate):>23}"
             )
 
 
