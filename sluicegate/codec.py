@@ -83,6 +83,8 @@ STAT_NAMES = (
     "store_errors",
     "send_errors",
     "would_deny",
+    "reclaimed",
+    "waited",
 )
 
 HEADER = struct.Struct("!2sBBQH")

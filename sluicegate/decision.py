@@ -31,6 +31,7 @@ class Decision:
     decided; they are None on a fallback, when no partition answered.
     ``limit`` names the limit that denied the check (``"rate"``: the rule's
     main bucket), or, with ``would_deny``, the shadow limit that would have.
+    ``lease`` is set on an admitted acquire of a key with a concurrency limit.
     """
 
     key: str
@@ -43,6 +44,7 @@ class Decision:
     default_rule: bool = False
     limit: str | None = None
     would_deny: bool = False
+    lease: int | None = None  # an acquire's lease, to give back with release
 
     @property
     def retry_after(self) -> float | None:
@@ -73,6 +75,7 @@ class Decision:
             "policy": self.policy,
             "limit": self.limit,
             "would_deny": self.would_deny,
+            **({"lease": self.lease} if self.lease is not None else {}),
         }
 
     @classmethod
@@ -89,6 +92,7 @@ class Decision:
             default_rule=data.get("policy") == "default",
             limit=data.get("limit"),
             would_deny=bool(data.get("would_deny", False)),
+            lease=data.get("lease"),
         )
 
 

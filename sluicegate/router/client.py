@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from sluicegate import codec, datagram
-from sluicegate.decision import Decision, fallback_decision
+from sluicegate import codec_leases as wire
+from sluicegate.decision import Decision, fallback_decision, from_item
 from sluicegate.exchange import Exchange, Flight
 from sluicegate.routing import partition_for
 
@@ -149,8 +151,55 @@ class PartitionClient:
             loop.call_soon(self._flush, index)
         return future
 
-    async def check(self, key: str, cost: int = 1) -> Decision:
-        return await self.submit(key, cost)
+    async def check(self, key: str, cost: int = 1, *, max_wait_ms: int = 0) -> Decision:
+        """Decide a check; with ``max_wait_ms`` the partition may hold it until it fits (FIFO per key)."""
+        if not max_wait_ms:
+            return await self.submit(key, cost)
+        data = wire.encode_check_wait_request(self._exchange.new_id(), key.encode("utf-8"), cost, max_wait_ms)
+        reply = await self._call_waiting(self.partition(key), data, max_wait_ms)
+        if reply is None:
+            return self.fallback_decision(key)
+        return from_item(key, codec.decode_check_reply(reply)[1][0])
+
+    async def acquire(self, key: str, cost: int = 1, *, ttl_ms: int = 30_000, max_wait_ms: int = 0) -> Decision:
+        """Take a lease of ``cost`` on the key's concurrency limit (``decision.lease``), held at most ``ttl_ms``.
+
+        A key without a concurrency limit is decided like a check (``lease`` None: nothing to release).
+        """
+        data = wire.encode_acquire_request(self._exchange.new_id(), key.encode("utf-8"), cost, ttl_ms, max_wait_ms)
+        reply = await self._call_waiting(self.partition(key), data, max_wait_ms)
+        if reply is None:
+            return self.fallback_decision(key)
+        _, item, lease = wire.decode_acquire_reply(reply)
+        return replace(from_item(key, item), lease=lease or None)
+
+    async def release(self, key: str, lease: int, *, wait_ms: int = 0, service_ms: int = 0) -> bool:
+        """Give a lease back with the request's waiting and service times; False if it was unknown or lost."""
+        data = wire.encode_release_request(self._exchange.new_id(), [(key.encode("utf-8"), lease, wait_ms, service_ms)])
+        reply = await self.call(self.partition(key), data)
+        return reply is not None and wire.decode_release_reply(reply)[1][0][0] == codec.RELEASED
+
+    async def _call_waiting(self, index: int, data: bytes, max_wait_ms: int) -> bytes | None:
+        """Like :meth:`call`, but the partition may hold the request ``max_wait_ms``: keep re-sending
+        (same request id: it is queued once, and a lost answer comes back from the reply cache)."""
+        request_id = codec.decode_header(data)[1]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000 + self.timeout_s * self.attempts
+        waiter: asyncio.Future[bytes] = loop.create_future()
+        self._waiters[request_id] = waiter
+        try:
+            while True:
+                self._link.send(data, self.addresses[index])  # type: ignore[union-attr]
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                try:
+                    return await asyncio.wait_for(asyncio.shield(waiter), min(self.timeout_s, left))
+                except TimeoutError:
+                    continue
+        finally:
+            self._waiters.pop(request_id, None)
+            waiter.cancel()
 
     async def check_many(self, checks: Sequence[tuple[str, int]]) -> list[Decision]:
         return list(await asyncio.gather(*(self.submit(key, cost) for key, cost in checks)))
@@ -185,13 +234,13 @@ class PartitionClient:
             _answer(answers)
             return
         try:
-            op, request_id, _ = codec.decode_header(data)
+            _, request_id, _ = codec.decode_header(data)
         except codec.MalformedDatagram:
             return
-        if op != codec.OP_CHECK | codec.REPLY_BIT:
-            waiter = self._waiters.pop(request_id, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(data)
+        # Control replies, and CHECK replies to waiting checks (sent apart from the coalesced ones).
+        waiter = self._waiters.pop(request_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(data)
 
     async def call(self, index: int, data: bytes) -> bytes | None:
         """Send a control datagram (stats, invalidate) to one partition, with retries."""

@@ -73,6 +73,7 @@ class StoreKeeper:
         self._provisional: set[bytes] = set()  # keys on the default rule until a reload works
         self._synced_at = wall_clock() / 1e9  # rules loaded from now on are fresh
         self.patterns_loaded = False
+        self.after_load: Callable[[], None] | None = None
         partition.wall_offset_ns = wall_clock() - clock()  # for calendar quotas
         self.store_down = False
         self._store_back = asyncio.Event()  # wakes the checkpoint loop out of its backoff
@@ -128,6 +129,8 @@ class StoreKeeper:
                     self._provisional.update(new)
                 for reply, addr in replies:
                     self.send(reply, addr)
+                if self.after_load is not None:
+                    self.after_load()  # loads may have queued waiting requests: the adapter times them
                 # Buckets live as long as the process and never form cycles: take them out of
                 # the cycle collector's full passes (O(1)), which otherwise stall the loop for
                 # tens of milliseconds per pass once a partition holds many keys. Young cyclic

@@ -33,9 +33,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from sluicegate import codec
+from sluicegate import codec_leases as wire
 from sluicegate.bucket import Bucket
 from sluicegate.policy import decide
 from sluicegate.rules import MAIN_LIMIT, Rule
+from sluicegate.server.admission import ACQUIRE, CHECK, Admission
 from sluicegate.server.replies import ReplyCache
 from sluicegate.server.rulebook import RuleBook
 
@@ -67,6 +69,9 @@ class Partition:
         # Patterns, policies beyond the main bucket, share groups (absent for plain keys).
         self.book = RuleBook(default_rule)
         self.wall_offset_ns = 0  # wall (epoch) ns = now_ns + this; the adapter keeps it current
+        # Leases and waiting requests; replies to requests that waited leave through the outbox.
+        self.admission = Admission(self)
+        self.outbox: list[tuple[bytes, Address]] = []
         # A retried request gets the same answer, charged once.
         self._replies = ReplyCache(reply_cache_ns)
         self._reply_cache_ns = reply_cache_ns
@@ -97,6 +102,8 @@ class Partition:
             "datagrams": self.datagrams,
             "expired": self.expired,
             "would_deny": self.would_deny,
+            "reclaimed": self.admission.reclaimed,
+            "waited": self.admission.waited,
             "store_errors": self.store_errors,
             "send_errors": self.send_errors,
         }
@@ -118,6 +125,14 @@ class Partition:
                 return codec.encode_stats_reply(codec.decode_stats_request(data), self.counters())
             if op == codec.OP_INVALIDATE:
                 return self._receive_invalidate(data, addr)
+            if op == codec.OP_ACQUIRE:
+                request_id, key, cost, ttl_ms, max_wait_ms = wire.decode_acquire_request(data)
+                return self._receive_held(addr, request_id, ACQUIRE, key, cost, ttl_ms, max_wait_ms, now_ns)
+            if op == codec.OP_CHECK_WAIT:
+                request_id, key, cost, max_wait_ms = wire.decode_check_wait_request(data)
+                return self._receive_held(addr, request_id, CHECK, key, cost, 0, max_wait_ms, now_ns)
+            if op == codec.OP_RELEASE:
+                return self._receive_release(data, addr, now_ns)
             raise codec.MalformedDatagram("a reply sent to a server")
         except codec.MalformedDatagram:
             self.malformed += 1
@@ -136,6 +151,59 @@ class Partition:
         reply = codec.encode_single_reply(request_id, *self._charge(key, bucket, cost, now_ns))
         self._replies.put(ident, reply, now_ns)
         return reply
+
+    def _receive_held(
+        self, addr: Address, request_id: int, kind: str, key: bytes, cost: int, ttl_ms: int, wait_ms: int, now_ns: int
+    ) -> bytes | None:
+        """An acquire or a waiting check: decided now, parked for its rule, or queued by admission."""
+        ident = (addr, request_id)
+        cached = self._replay(ident, now_ns)
+        if cached is not None:
+            return cached
+        if ident in self._parked or self.admission.is_waiting(ident):
+            self.duplicates += 1  # a retry of a request still waiting: it is answered once, later
+            return None
+        if not _is_valid_key(key):
+            invalid = (codec.STATUS_INVALID, 0, 0, 0, 0, b"")
+            if kind == ACQUIRE:
+                return wire.encode_acquire_reply(request_id, invalid, 0)
+            return codec.encode_check_reply(request_id, [invalid])
+        if not self._ready(key):
+            self._parked[ident] = (now_ns, [(key, cost)], (kind, ttl_ms, wait_ms))
+            if key not in self._loading and key not in self.buckets:
+                self._wanted.add(key)
+            return None
+        return self.admission.request(ident, kind, key, cost, ttl_ms, wait_ms, now_ns)
+
+    def _receive_release(self, data: bytes, addr: Address, now_ns: int) -> bytes:
+        request_id, releases = wire.decode_release_request(data)
+        ident = (addr, request_id)
+        cached = self._replay(ident, now_ns)
+        if cached is not None:
+            return cached
+        reply = wire.encode_release_reply(request_id, self.admission.release(releases, now_ns))
+        self._replies.put(ident, reply, now_ns)
+        return reply
+
+    def charge(self, key: bytes, cost: int, now_ns: int) -> tuple[int, int, int, int, int, bytes]:
+        """Decide a check of a held key (counted as allowed or denied; the caller counts the check)."""
+        return self._charge(key, self.buckets[key], cost, now_ns)
+
+    def remember(self, ident: Ident, reply: bytes, now_ns: int) -> None:
+        """Keep a reply for retries of its request."""
+        self._replies.put(ident, reply, now_ns)
+
+    def tick(self, now_ns: int) -> None:
+        """Time-driven work (lease reclaim, waiting requests); replies land in :attr:`outbox`."""
+        self.admission.tick(now_ns)
+
+    def next_event_ns(self) -> int | None:
+        """When :meth:`tick` should run next (None: nothing is waiting on time)."""
+        return self.admission.next_event_ns()
+
+    def take_outbox(self) -> list[tuple[bytes, Address]]:
+        outbox, self.outbox = self.outbox, []
+        return outbox
 
     def _receive_invalidate(self, data: bytes, addr: Address) -> bytes | None:
         # Answer only once the keys' rules are reloaded, so that when the sender
@@ -398,7 +466,7 @@ class Partition:
     def _answer_parked(self, now_ns: int) -> list[tuple[bytes, Address]]:
         replies = []
         buckets = self.buckets
-        for ident, (parked_at, checks) in list(self._parked.items()):
+        for ident, (parked_at, checks, *held) in list(self._parked.items()):
             if now_ns - parked_at >= self._reply_cache_ns:
                 # Its sender has long given up (answered its caller with the
                 # fallback): charging now would charge for nothing.
@@ -406,6 +474,12 @@ class Partition:
                 self.expired += 1
             elif all(self._ready(key) or (key not in buckets and not _is_valid_key(key)) for key, _ in checks):
                 del self._parked[ident]
+                if held:  # an acquire or a waiting check: decided or queued now
+                    (key, cost), (kind, ttl_ms, wait_ms) = checks[0], held[0]
+                    reply = self.admission.request(ident, kind, key, cost, ttl_ms, wait_ms, now_ns)
+                    if reply is not None:
+                        replies.append((reply, ident[0]))
+                    continue
                 replies.append((self._decide(ident, checks, now_ns), ident[0]))
         return replies
 

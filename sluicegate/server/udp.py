@@ -7,6 +7,7 @@ read and written on one worker thread (see :mod:`sluicegate.server.keeper`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
@@ -37,6 +38,9 @@ class PartitionServer:
         self.sock = sock
         self.clock = clock
         self.keeper = StoreKeeper(partition, store, self._send, clock=clock, **keeper_options)
+        self.keeper.after_load = self._after
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
         datagram.prepare(sock)
 
     @property
@@ -48,11 +52,32 @@ class PartitionServer:
         self.keeper.start()
 
     def _receive(self, data: bytes, addr: Address) -> None:
-        reply = self.partition.receive_datagram(data, addr, self.clock())
+        partition = self.partition
+        reply = partition.receive_datagram(data, addr, self.clock())
         if reply is not None:
             self._send(reply, addr)
-        if self.partition.wants_rules:
+        if partition.wants_rules:
             self.keeper.need_rules()
+        if partition.outbox or partition.admission.states or partition.admission.queues:
+            self._after()
+
+    def _after(self) -> None:
+        """Send replies that requests which waited are due, and wake up for the next timed event."""
+        for reply, addr in self.partition.take_outbox():
+            self._send(reply, addr)
+        event = self.partition.next_event_ns()
+        if event is None or (self._timer is not None and self._timer_at <= event):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, (event - self.clock()) / 1e9)
+        self._timer_at = event
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.partition.tick(self.clock())
+        self._after()
 
     def _send(self, reply: bytes, addr: Address) -> None:
         try:
@@ -67,6 +92,8 @@ class PartitionServer:
         self.close()
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         datagram.unwatch(self.sock)
         self.keeper.close()
         self.sock.close()
