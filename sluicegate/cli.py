@@ -1,4 +1,4 @@
-"""The ``sluicegate`` command: ``local``, ``rules put|get|delete|list|import``, ``check``.
+"""The ``sluicegate`` command: ``local``, ``rules put|get|delete|list|import``, ``check``, ``proxy``.
 
 Example::
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sluicegate.config import Config, ConfigError
 from sluicegate.importer import FORMATS, ImportSummary, import_rules
+from sluicegate.proxy import command as proxy_command
 from sluicegate.rule_text import parse_limit, policy_from_text
 from sluicegate.rules import Rule, RuleError
 from sluicegate.store import RuleStore, StoreError, store_from_config
@@ -92,6 +93,7 @@ def _parser(config: Config) -> argparse.ArgumentParser:
     check.add_argument("key")
     check.add_argument("--cost", type=int, default=1)
     check.add_argument("--endpoint", default=f"http://{config.host}:{config.port}")
+    proxy_command.add_parser(commands, config)
     return parser
 
 
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             return _rules(args, config)
         if args.command == "migrate":
             return _migrate(args, config)
+        if args.command == "proxy":
+            return proxy_command.run(args, config)
         return _check(args)
     except (ConfigError, RuleError, StoreError, OSError, ValueError) as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
