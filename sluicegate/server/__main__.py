@@ -20,7 +20,7 @@ import sys
 import time
 
 from sluicegate.config import Config, ConfigError
-from sluicegate.server.emf import encode_emf, partition_metrics
+from sluicegate.server.emf import MAX_ADAPTIVE_LINES, adaptive_limits, encode_emf, partition_metrics
 from sluicegate.server.partition import Partition
 from sluicegate.server.udp import serve_partition
 from sluicegate.store import store_from_config
@@ -101,8 +101,12 @@ async def _print_emf(partition: Partition, index: int, interval_s: float) -> Non
         counters = partition.counters()
         values = partition_metrics(counters, previous)
         previous = counters
-        line = encode_emf(EMF_NAMESPACE, {"Partition": str(index)}, values, timestamp_ms=time.time_ns() // 1_000_000)
-        print(line, flush=True)
+        stamp = time.time_ns() // 1_000_000
+        print(encode_emf(EMF_NAMESPACE, {"Partition": str(index)}, values, timestamp_ms=stamp), flush=True)
+        # Adaptive concurrency limits, one line per key (a few keys have one; bounded all the same).
+        for key, limit in adaptive_limits(partition.admission.adaptive, MAX_ADAPTIVE_LINES):
+            dimensions = {"Partition": str(index), "Key": key}
+            print(encode_emf(EMF_NAMESPACE, dimensions, {"ConcurrencyLimit": limit}, timestamp_ms=stamp), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

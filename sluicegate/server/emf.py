@@ -12,12 +12,14 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 # The partition's counters published as metrics, by metric name.
 PUBLISHED = {"PartitionChecks": "checks", "StoreErrors": "store_errors", "WouldDeny": "would_deny", "Keys": "keys"}
 # Counters that only grow: publish what they grew by since the previous line. "keys" is a level.
 GROWING = frozenset({"checks", "store_errors", "would_deny"})
+MAX_ADAPTIVE_LINES = 50  # keys with an adaptive concurrency limit published per interval
 
 
 def encode_emf(namespace: str, dimensions: Mapping[str, str], values: Mapping[str, float], *, timestamp_ms: int) -> str:
@@ -46,3 +48,11 @@ def partition_metrics(counters: Mapping[str, int], previous: Mapping[str, int]) 
         now = counters.get(counter, 0)
         values[metric] = now - previous.get(counter, 0) if counter in GROWING else now
     return values
+
+
+def adaptive_limits(adaptive: Mapping[bytes, Any], most: int) -> Iterator[tuple[str, int]]:
+    """``(key, L)`` of up to ``most`` keys' adaptive concurrency limits (``AdaptiveLimit.limit``)."""
+    for count, (key, limit) in enumerate(sorted(adaptive.items())):
+        if count == most:
+            return
+        yield key.decode("utf-8", "replace"), limit.limit

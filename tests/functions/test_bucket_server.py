@@ -166,3 +166,31 @@ def test_a_bad_setting_stops_the_container_with_a_message(tmp_path: Path) -> Non
         timeout=30,
     )
     assert result.returncode == 2 and "SLUICEGATE_PARTITION must be 0 to SLUICEGATE_PARTITIONS - 1" in result.stderr
+
+
+def test_adaptive_concurrency_limits_are_published_per_key(
+    container: subprocess.Popen[str], dynamodb_server_tables: ServerTables
+) -> None:
+    from sluicegate.rules import Rule
+
+    adaptive = {"name": "db", "adaptive": {"min": 15, "kp": 15, "step": 5, "samples": 100}}
+    dynamodb_server_tables.open().put_rule(
+        Rule.from_dict({"key": "orders", "capacity": 100, "rate": 100, "limits": [adaptive]})
+    )
+    port = container.port  # type: ignore[attr-defined]
+    read_until(container, r"listening on udp")
+
+    async def acquire() -> int | None:
+        client = PartitionClient([("127.0.0.1", port)], timeout_s=0.5)
+        await client.start()
+        try:
+            decision = await client.acquire("orders")
+            return decision.capacity
+        finally:
+            client.close()
+
+    assert asyncio.run(acquire()) == 15  # L starts at L_min
+    match, _ = read_until(container, r'"ConcurrencyLimit"')
+    line = json.loads(match.string)
+    assert (line["Key"], line["Partition"], line["ConcurrencyLimit"]) == ("orders", "2", 15)
+    assert line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Partition", "Key"]]
