@@ -75,8 +75,8 @@ class Partition:
         # A retried request gets the same answer, charged once.
         self._replies = ReplyCache(reply_cache_ns)
         self._reply_cache_ns = reply_cache_ns
-        # Requests waiting for rules, oldest first: ident -> (parked at, checks).
-        self._parked: dict[Ident, tuple[int, list[tuple[bytes, int]]]] = {}
+        # Requests waiting for rules, oldest first: ident -> (parked at, checks[, (kind, ttl_ms, max_wait_ms)]).
+        self._parked: dict[Ident, tuple[Any, ...]] = {}
         self._wanted: set[bytes] = set()
         self._loading: set[bytes] = set()
         self._invalidations: list[tuple[Address, int, set[bytes], int]] = []  # waiting for reloads
