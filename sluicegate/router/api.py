@@ -4,10 +4,14 @@
 health) or an awaitable of one (checks). The asyncio server of
 ``sluicegate local`` and the router Lambda both call it.
 
-* ``GET /v1/check/{key}?cost=N``: 200 allowed / 429 denied, JSON decision.
+* ``GET /v1/check/{key}?cost=N&max_wait_ms=M``: 200 allowed / 429 denied, JSON decision.
   ``HEAD`` is accepted too and is a real check: it charges the bucket exactly
-  like ``GET`` (only the body is left out), so it is not a free "peek".
+  like ``GET`` (only the body is left out), so it is not a free "peek". With
+  ``max_wait_ms`` the partition may hold the check until the credit is there.
 * ``POST /v1/check`` ``{"checks": [{"key": ..., "cost": ...}]}``: 200, ``{"results": [...]}``.
+* ``POST /v1/acquire`` ``{"key", "cost", "ttl_ms", "max_wait_ms"}``: 200 with the decision and its
+  ``lease`` / 429. ``POST /v1/release`` ``{"key", "lease", "wait_ms", "service_ms"}``: 200
+  ``{"released": true, ...}``, 409 for a lease that is not held, 503 when the partition did not answer.
 * ``GET /healthz``; ``GET /v1/stats``: each partition's counters and the router's.
 """
 
@@ -28,6 +32,13 @@ from sluicegate.rules import RuleError, validate_key
 MAX_BATCH = 100
 CHECK_PREFIX = "/v1/check/"
 RULES_PREFIX = "/v1/rules"
+MAX_WAIT_MS = 60_000  # a longer wait is a job queue, not admission control
+DEFAULT_TTL_MS = 30_000
+MAX_TTL_MS = 3_600_000
+MAX_LEASE = 2**64 - 1
+MAX_REPORTED_MS = 2**32 - 1  # wait_ms / service_ms: what the wire carries
+ACQUIRE_FIELDS = frozenset({"key", "cost", "ttl_ms", "max_wait_ms"})
+RELEASE_FIELDS = frozenset({"key", "lease", "wait_ms", "service_ms"})
 
 
 @dataclass(slots=True)
@@ -98,6 +109,18 @@ def parse_cost(value: object) -> int:
     return value
 
 
+def whole_number(name: str, value: object, low: int, high: int) -> int:
+    """``value`` (an int, a whole float or a string of ASCII digits) if it is from ``low`` to ``high``."""
+    number = ascii_digits(value.strip()) if isinstance(value, str) else value
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise BadRequest(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    if not low <= number <= high:
+        raise BadRequest(f"{name} must be from {low} to {high}, got {number}")
+    return number
+
+
 def parse_key(value: object) -> str:
     try:
         return validate_key(value)
@@ -130,15 +153,62 @@ def parse_checks(body: bytes) -> list[tuple[str, int]]:
     return parsed
 
 
+def _json_object(body: bytes, allowed: frozenset[str], example: str) -> dict[str, Any]:
+    payload = parse_json_body(body)
+    if not isinstance(payload, dict):
+        raise BadRequest(f"body must be a JSON object like {example}")
+    unknown = sorted(set(payload) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}: the fields are {', '.join(sorted(allowed))}")
+    return payload
+
+
+def parse_acquire(body: bytes) -> tuple[str, int, int, int]:
+    """``(key, cost, ttl_ms, max_wait_ms)`` of a ``POST /v1/acquire`` body."""
+    payload = _json_object(body, ACQUIRE_FIELDS, '{"key": "db", "ttl_ms": 30000, "max_wait_ms": 250}')
+    return (
+        parse_key(payload.get("key")),
+        parse_cost(payload.get("cost", 1)),
+        whole_number("ttl_ms", payload.get("ttl_ms", DEFAULT_TTL_MS), 1, MAX_TTL_MS),
+        whole_number("max_wait_ms", payload.get("max_wait_ms", 0), 0, MAX_WAIT_MS),
+    )
+
+
+def parse_release(body: bytes) -> tuple[str, int, int, int]:
+    """``(key, lease, wait_ms, service_ms)`` of a ``POST /v1/release`` body."""
+    payload = _json_object(body, RELEASE_FIELDS, '{"key": "db", "lease": 4294967297, "service_ms": 42}')
+    if "lease" not in payload:
+        raise BadRequest("lease is required: the lease of the acquire's answer")
+    return (
+        parse_key(payload.get("key")),
+        whole_number("lease", payload["lease"], 1, MAX_LEASE),
+        whole_number("wait_ms", payload.get("wait_ms", 0), 0, MAX_REPORTED_MS),
+        whole_number("service_ms", payload.get("service_ms", 0), 0, MAX_REPORTED_MS),
+    )
+
+
 Handler = Callable[[HttpRequest], "HttpResponse | Awaitable[HttpResponse]"]
 
 
 class CheckApi:
-    """Routes requests; ``admin`` handles ``/v1/rules`` when given."""
+    """Routes requests; ``admin`` handles ``/v1/rules`` when given.
 
-    def __init__(self, client: PartitionClient, *, admin: Handler | None = None) -> None:
+    ``wait_limit_ms`` caps how long a request is held (``max_wait_ms``): a
+    front that must answer sooner (the router Lambda, within its timeout)
+    lowers it, and a longer wait asked for is cut to it.
+
+    Example::
+
+        api = CheckApi(client)
+        response = await api.handle(HttpRequest("POST", "/v1/acquire", body=b'{"key": "db"}'))
+    """
+
+    def __init__(
+        self, client: PartitionClient, *, admin: Handler | None = None, wait_limit_ms: int = MAX_WAIT_MS
+    ) -> None:
         self.client = client
         self.admin = admin
+        self.wait_limit_ms = wait_limit_ms
 
     def handle(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
         path = request.path
@@ -151,6 +221,12 @@ class CheckApi:
                 if request.method != "POST":
                     return error_response(405, "use POST /v1/check with a JSON body", [("Allow", "POST")])
                 return self._check_batch(parse_checks(request.body))
+            if path in ("/v1/acquire", "/v1/release"):
+                if request.method != "POST":
+                    return error_response(405, f"use POST {path} with a JSON body", [("Allow", "POST")])
+                if path == "/v1/acquire":
+                    return self._acquire(*parse_acquire(request.body))
+                return self._release(*parse_release(request.body))
             if path == "/healthz":
                 return json_response(200, {"status": "ok", "partitions": len(self.client.addresses)})
             if path == "/v1/stats":
@@ -167,8 +243,33 @@ class CheckApi:
         key = decode_path_key(raw_key)
         params = parse_qs(query, keep_blank_values=True)
         cost = parse_cost(params["cost"][-1]) if "cost" in params else 1
+        max_wait_ms = (
+            whole_number("max_wait_ms", params["max_wait_ms"][-1], 0, MAX_WAIT_MS) if "max_wait_ms" in params else 0
+        )
+        if max_wait_ms and self.wait_limit_ms:
+            return self._check_waiting(key, cost, min(max_wait_ms, self.wait_limit_ms))
         future = self.client.submit(key, cost)
         return _map_future(future, _single_response)
+
+    async def _check_waiting(self, key: str, cost: int, max_wait_ms: int) -> HttpResponse:
+        return _single_response(await self.client.check(key, cost, max_wait_ms=max_wait_ms))
+
+    async def _acquire(self, key: str, cost: int, ttl_ms: int, max_wait_ms: int) -> HttpResponse:
+        max_wait_ms = min(max_wait_ms, self.wait_limit_ms)
+        return _single_response(await self.client.acquire(key, cost, ttl_ms=ttl_ms, max_wait_ms=max_wait_ms))
+
+    async def _release(self, key: str, lease: int, wait_ms: int, service_ms: int) -> HttpResponse:
+        outcome = await self.client.release_outcome(key, lease, wait_ms=wait_ms, service_ms=service_ms)
+        answer: dict[str, Any] = {"key": key, "lease": lease, "released": bool(outcome and outcome.released)}
+        if outcome is None:
+            # Not confirmed: the lease is still reclaimed at the end of its ttl.
+            error = "the partition did not answer; the lease ends at its ttl if the release was lost"
+            return json_response(503, {**answer, "fallback": True, "error": error})
+        answer["concurrency"] = outcome.concurrency or None
+        if not outcome.released:
+            error = "no such lease: released before, reclaimed after its ttl, or never granted for this key"
+            return json_response(409, {**answer, "error": error})
+        return json_response(200, answer)
 
     async def _check_batch(self, checks: list[tuple[str, int]]) -> HttpResponse:
         decisions = await self.client.check_many(checks)

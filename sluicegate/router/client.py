@@ -20,12 +20,11 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from sluicegate import codec, datagram
-from sluicegate import codec_leases as wire
-from sluicegate.decision import Decision, fallback_decision, from_item
+from sluicegate import lease_calls as calls
+from sluicegate.decision import Decision, fallback_decision
 from sluicegate.exchange import Exchange, Flight
 from sluicegate.routing import partition_for
 
@@ -155,36 +154,38 @@ class PartitionClient:
         """Decide a check; with ``max_wait_ms`` the partition may hold it until it fits (FIFO per key)."""
         if not max_wait_ms:
             return await self.submit(key, cost)
-        data = wire.encode_check_wait_request(self._exchange.new_id(), key.encode("utf-8"), cost, max_wait_ms)
+        data = calls.check_wait_request(self._exchange.new_id(), key, cost, max_wait_ms=max_wait_ms)
         reply = await self._call_waiting(self.partition(key), data, max_wait_ms)
-        if reply is None:
-            return self.fallback_decision(key)
-        return from_item(key, codec.decode_check_reply(reply)[1][0])
+        return self.fallback_decision(key) if reply is None else calls.check_decision(key, reply)
 
     async def acquire(self, key: str, cost: int = 1, *, ttl_ms: int = 30_000, max_wait_ms: int = 0) -> Decision:
         """Take a lease of ``cost`` on the key's concurrency limit (``decision.lease``), held at most ``ttl_ms``.
 
         A key without a concurrency limit is decided like a check (``lease`` None: nothing to release).
         """
-        data = wire.encode_acquire_request(self._exchange.new_id(), key.encode("utf-8"), cost, ttl_ms, max_wait_ms)
+        data = calls.acquire_request(self._exchange.new_id(), key, cost, ttl_ms=ttl_ms, max_wait_ms=max_wait_ms)
         reply = await self._call_waiting(self.partition(key), data, max_wait_ms)
-        if reply is None:
-            return self.fallback_decision(key)
-        _, item, lease = wire.decode_acquire_reply(reply)
-        return replace(from_item(key, item), lease=lease or None)
+        return self.fallback_decision(key) if reply is None else calls.acquire_decision(key, reply)
 
     async def release(self, key: str, lease: int, *, wait_ms: int = 0, service_ms: int = 0) -> bool:
         """Give a lease back with the request's waiting and service times; False if it was unknown or lost."""
-        data = wire.encode_release_request(self._exchange.new_id(), [(key.encode("utf-8"), lease, wait_ms, service_ms)])
+        outcome = await self.release_outcome(key, lease, wait_ms=wait_ms, service_ms=service_ms)
+        return outcome is not None and outcome.released
+
+    async def release_outcome(
+        self, key: str, lease: int, *, wait_ms: int = 0, service_ms: int = 0
+    ) -> calls.Released | None:
+        """Like :meth:`release`, telling an unknown lease (``released`` False) from no answer (None)."""
+        data = calls.release_request(self._exchange.new_id(), key, lease, wait_ms=wait_ms, service_ms=service_ms)
         reply = await self.call(self.partition(key), data)
-        return reply is not None and wire.decode_release_reply(reply)[1][0][0] == codec.RELEASED
+        return None if reply is None else calls.release_outcome(reply)
 
     async def _call_waiting(self, index: int, data: bytes, max_wait_ms: int) -> bytes | None:
         """Like :meth:`call`, but the partition may hold the request ``max_wait_ms``: keep re-sending
         (same request id: it is queued once, and a lost answer comes back from the reply cache)."""
-        request_id = codec.decode_header(data)[1]
+        request_id = calls.request_id_of(data)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_ms / 1000 + self.timeout_s * self.attempts
+        deadline = loop.time() + calls.give_up_after_s(max_wait_ms, timeout_s=self.timeout_s, attempts=self.attempts)
         waiter: asyncio.Future[bytes] = loop.create_future()
         self._waiters[request_id] = waiter
         try:
