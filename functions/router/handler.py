@@ -10,12 +10,17 @@ Every request goes to :class:`sluicegate.router.api.CheckApi`, the code
   resolved again after ``SLUICEGATE_DNS_TTL_S`` and after a fallback.
 * Powertools: ``ALBResolver``, ``Logger`` with the ALB trace id as the
   correlation id, ``Metrics`` (EMF: Checks, Allowed, Denied, Fallbacks,
-  PartitionErrors, WouldDeny, CheckLatency), ``Tracer``.
+  PartitionErrors, WouldDeny, CheckLatency; acquires and waiting checks count
+  as checks), ``Tracer``.
+* A request may be held (``max_wait_ms`` of an acquire or a check) only as
+  long as the invocation has time left, less the partitions' retry budget and
+  a margin: a longer wait asked for is cut to that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import warnings
 from typing import Any
@@ -30,7 +35,7 @@ from metered import MeteredClient
 
 from sluicegate.config import Config
 from sluicegate.directory import PartitionDirectory
-from sluicegate.router.api import CheckApi, HttpRequest, HttpResponse
+from sluicegate.router.api import MAX_WAIT_MS, CheckApi, HttpRequest, HttpResponse
 from sluicegate.router.lambda_proxy import http_request, response_fields
 
 # Health checks and refused requests decide nothing: an invocation without metrics is normal.
@@ -53,6 +58,8 @@ client = MeteredClient(
 )
 loop.run_until_complete(client.start())
 api = CheckApi(client)
+# Kept back from a held request's wait: the retries after it, and answering before the timeout.
+WAIT_RESERVE_MS = math.ceil(config.timeout_ms * config.attempts) + 500
 logger.info(
     "router ready",
     partitions=config.partitions,
@@ -91,6 +98,7 @@ def _serve() -> Response:
     request = _request()
     # Between invocations nothing is in flight, so the addresses can change here.
     client.addresses[:] = directory.addresses()
+    api.wait_limit_ms = max(0, min(MAX_WAIT_MS, app.lambda_context.get_remaining_time_in_millis() - WAIT_RESERVE_MS))
     started = time.perf_counter()
     answer = loop.run_until_complete(_answer(request))
     tally = client.take_tally()
@@ -116,6 +124,8 @@ def _serve() -> Response:
 @app.get("/v1/check/<key>")
 @app.route("/v1/check/<key>", method="HEAD")
 @app.post("/v1/check")
+@app.post("/v1/acquire")
+@app.post("/v1/release")
 @app.get("/healthz")
 @app.get("/v1/stats")
 def check(**_path_params: str) -> Response:

@@ -1,4 +1,4 @@
-"""A partition client that tallies what it decided, for the router's metrics."""
+"""A partition client that tallies what it decided (checks and acquires), for the router's metrics."""
 
 from __future__ import annotations
 
@@ -33,10 +33,23 @@ class MeteredClient(PartitionClient):
         future.add_done_callback(self._count)
         return future
 
+    async def check(self, key: str, cost: int = 1, *, max_wait_ms: int = 0) -> Decision:
+        decision = await super().check(key, cost, max_wait_ms=max_wait_ms)
+        if max_wait_ms:  # a check that does not wait went through submit, and is counted there
+            self._record(decision)
+        return decision
+
+    async def acquire(self, key: str, cost: int = 1, *, ttl_ms: int = 30_000, max_wait_ms: int = 0) -> Decision:
+        decision = await super().acquire(key, cost, ttl_ms=ttl_ms, max_wait_ms=max_wait_ms)
+        self._record(decision)
+        return decision
+
     def _count(self, future: asyncio.Future[Decision]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
-        decision = future.result()
+        self._record(future.result())
+
+    def _record(self, decision: Decision) -> None:
         tally = self._tally
         tally.checks += 1
         if decision.allowed:

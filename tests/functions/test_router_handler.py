@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +26,7 @@ import pytest
 from tests.conftest import child_env, children_of, read_until, stop
 from tests.functions.conftest import LambdaContext, event
 
-RULES = "key,capacity,rate\nalice,5,0.001\nvip,1000,100\n"
+RULES = 'key,capacity,rate,limits\nalice,5,0.001,\nvip,1000,100,\npool,1000,1000,"name=inflight,concurrency=1"\n'
 DEFAULTS = {"SLUICEGATE_DEFAULT_CAPACITY": "3", "SLUICEGATE_DEFAULT_RATE": "0.001"}
 
 
@@ -166,6 +167,41 @@ def test_a_stopped_partition_gets_the_same_fallback(
     assert healthy[0] == 200 and healthy[2]["fallback"] is False
     # The partition may have moved: the names were looked up again before the next invocation.
     assert len(lookups) == 3
+
+
+def test_acquire_and_release_through_the_router(router: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    answer = router.handler(event("alb_post_acquire"), LambdaContext())  # {"key":"pool","ttl_ms":5000}, base64
+    assert answer["statusCode"] == 200
+    acquired = json.loads(answer["body"])
+    assert acquired["allowed"] is True and acquired["capacity"] == 1 and isinstance(acquired["lease"], int)
+    status, headers, body = invoke(router, "POST", "/v1/acquire", b'{"key":"pool"}')
+    assert status == 429 and body["limit"] == "inflight" and "retry-after" in headers
+    release = json.dumps({"key": "pool", "lease": acquired["lease"], "service_ms": 20}).encode()
+    assert invoke(router, "POST", "/v1/release", release)[2] == {
+        "key": "pool",
+        "lease": acquired["lease"],
+        "released": True,
+        "concurrency": 1,
+    }
+    status, _, body = invoke(router, "POST", "/v1/release", release)
+    assert status == 409 and body["released"] is False
+    assert invoke(router, "GET", "/v1/acquire")[0] == 405
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    assert sum(sum(doc.get("Checks", [0])) for doc in documents) == 2  # acquires are counted as decisions
+    assert sum(sum(doc.get("Denied", [0])) for doc in documents) == 1
+
+
+def test_a_held_request_is_cut_to_the_invocations_time_left(router: ModuleType) -> None:
+    lease = invoke(router, "POST", "/v1/acquire", b'{"key":"pool"}')[2]["lease"]
+    short = LambdaContext()
+    short.get_remaining_time_in_millis = lambda: 1_000  # type: ignore[method-assign]
+    waiting = event("alb_get_check", httpMethod="POST", path="/v1/acquire", body='{"key":"pool","max_wait_ms":60000}')
+    started = time.monotonic()
+    answer = router.handler(waiting, short)
+    # Held at most 1000 ms less the retry budget and a margin, then denied: not for the 60 s asked.
+    assert answer["statusCode"] == 429 and json.loads(answer["body"])["limit"] == "inflight"
+    assert time.monotonic() - started < 1.0  # answered within the time the invocation had left
+    assert invoke(router, "POST", "/v1/release", json.dumps({"key": "pool", "lease": lease}).encode())[0] == 200
 
 
 def test_metrics_are_valid_emf_and_count_the_decisions(router: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
