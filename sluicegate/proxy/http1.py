@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 MAX_HEAD_BYTES = 16 * 1024  # the StreamReader limit: a head (or chunk-size line) longer than this gets 431
@@ -52,58 +51,70 @@ CHUNKED = Framing("chunked")
 UNTIL_CLOSE = Framing("close")
 
 
-@dataclass(slots=True)
 class Head:
-    """Header fields in order, with their names as sent."""
+    """Header fields in order, with their names as sent, and indexed by lower-case name."""
 
-    fields: list[tuple[str, str]] = field(default_factory=list)
+    __slots__ = ("by_name", "fields")
+
+    def __init__(self, fields: list[tuple[str, str]]) -> None:
+        self.fields = fields
+        self.by_name: dict[str, list[str]] = {}
+        for name, value in fields:
+            self.by_name.setdefault(name.lower(), []).append(value)
 
     def values(self, name: str) -> list[str]:
-        name = name.lower()
-        return [value for field_name, value in self.fields if field_name.lower() == name]
+        """Every value of the field ``name`` (lower-case), in order."""
+        return self.by_name.get(name, [])
 
     def get(self, name: str) -> str | None:
-        """All values of ``name`` joined with ``, `` (RFC 9110 5.3), or None if absent."""
-        found = self.values(name)
+        """All values of ``name`` (lower-case) joined with ``, `` (RFC 9110 5.3), or None if absent."""
+        found = self.by_name.get(name)
         return ", ".join(found) if found else None
 
     def tokens(self, name: str) -> set[str]:
         """The comma-separated tokens of ``name``, lower-case (``Connection: close, TE`` -> {close, te})."""
-        return {token.strip().lower() for value in self.values(name) for token in value.split(",") if token.strip()}
+        found = self.by_name.get(name)
+        if not found:
+            return set()
+        return {token.strip().lower() for value in found for token in value.split(",") if token.strip()}
 
     def lower_map(self) -> dict[str, str]:
-        """Lower-case name -> joined values."""
-        joined: dict[str, str] = {}
-        for name, value in self.fields:
-            key = name.lower()
-            joined[key] = f"{joined[key]}, {value}" if key in joined else value
-        return joined
+        """Lower-case name -> all its values joined."""
+        return {name: ", ".join(values) for name, values in self.by_name.items()}
+
+    def _persistent(self, version: str) -> bool:
+        connection = self.tokens("connection")
+        return "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
 
 
-@dataclass(slots=True)
 class RequestHead(Head):
-    method: str = "GET"
-    target: str = "/"
-    version: str = "HTTP/1.1"
+    __slots__ = ("method", "target", "version")
+
+    def __init__(self, fields: list[tuple[str, str]], method: str, target: str, version: str) -> None:
+        super().__init__(fields)
+        self.method = method
+        self.target = target
+        self.version = version
 
     @property
     def keep_alive(self) -> bool:
         """Whether the client wants the connection kept after this exchange."""
-        connection = self.tokens("connection")
-        return "close" not in connection if self.version == "HTTP/1.1" else "keep-alive" in connection
+        return self._persistent(self.version)
 
 
-@dataclass(slots=True)
 class ResponseHead(Head):
-    version: str = "HTTP/1.1"
-    status: int = 200
-    reason: str = ""
+    __slots__ = ("reason", "status", "version")
+
+    def __init__(self, fields: list[tuple[str, str]], version: str, status: int, reason: str) -> None:
+        super().__init__(fields)
+        self.version = version
+        self.status = status
+        self.reason = reason
 
     @property
     def reusable(self) -> bool:
         """Whether the upstream keeps the connection open after this response."""
-        connection = self.tokens("connection")
-        return "close" not in connection if self.version == "HTTP/1.1" else "keep-alive" in connection
+        return self._persistent(self.version)
 
 
 async def read_head(reader: asyncio.StreamReader) -> bytes | None:

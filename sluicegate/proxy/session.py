@@ -43,7 +43,7 @@ from sluicegate.proxy.http1 import (
 )
 from sluicegate.proxy.policy import ClassifyError
 from sluicegate.proxy.upstream import Connection, UpstreamError
-from sluicegate.proxy.view import RequestView
+from sluicegate.proxy.view import RequestView, client_address
 from sluicegate.router.api import HttpResponse, error_response
 from sluicegate.router.http import encode_response
 
@@ -71,6 +71,7 @@ class Session:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.client_ip = str(peer[0]) if peer else "0.0.0.0"
+        self.client_address = client_address(self.client_ip)
         self.idle = True
         self.loop = asyncio.get_running_loop()
 
@@ -108,7 +109,7 @@ class Session:
         headers = head.lower_map()
         if authority:
             headers["host"] = authority
-        view = RequestView.build(head.method, target, headers, self.client_ip)
+        view = RequestView.build(head.method, target, headers, self.client_address)
         keep_alive = head.keep_alive and not self.server.closing
         body = BodyReader(self.reader, framing)
         qos = self.server.policy.classify(view)
@@ -164,7 +165,7 @@ class Session:
         request = upstream_request(head, framing, self.client_ip, upstream.base_path, upstream_host=upstream.authority)
         retry = framing.kind == "none" and head.method in IDEMPOTENT
         try:
-            conn, response, upload = await self._open(request, body, head, retry)
+            conn, response, payload, upload = await self._open(request, body, head, retry)
         except UpstreamError as exc:
             server.count("upstream_errors")
             keep_alive = keep_alive and body.done
@@ -172,7 +173,7 @@ class Session:
             return keep_alive
         server.count("forwarded")
         try:
-            reusable, keep_alive = await self._relay(conn, response, head, keep_alive, extra)
+            reusable, keep_alive = await self._relay(conn, response, payload, head, keep_alive, extra)
         except BaseException:
             conn.close()
             _discard(upload)
@@ -187,8 +188,9 @@ class Session:
 
     async def _open(
         self, request: bytes, body: BodyReader, head: RequestHead, retry: bool
-    ) -> tuple[Connection, ResponseHead, asyncio.Task[bool] | None]:
-        """Send the request (its body in a task) and read the final response head, relaying 1xx ones."""
+    ) -> tuple[Connection, ResponseHead, bytes | None, asyncio.Task[bool] | None]:
+        """Send the request (its body in a task), read the final response head (relaying 1xx ones) and,
+        when the response body is small (up to 64 KiB with a Content-Length), that body too."""
         pool = self.server.pool
         for attempt in (1, 2):
             conn = await pool.get() if attempt == 1 else await pool.connect()
@@ -199,7 +201,12 @@ class Session:
                     while True:
                         response = parse_response_head(await self._next_head(conn, upload))
                         if response.status >= 200:
-                            return conn, response, upload
+                            framing = response_framing(response, head.method)
+                            if framing.kind == "none":
+                                return conn, response, b"", upload
+                            if framing.kind == "length" and framing.length <= PIECE:
+                                return conn, response, await self._read_small(conn, framing.length), upload
+                            return conn, response, None, upload
                         if response.status == 101:
                             raise ProtocolError(502, "the upstream switched protocols: upgrades are not supported")
                         if head.version == "HTTP/1.1":
@@ -263,36 +270,36 @@ class Session:
             except ConnectionError:
                 return False
 
+    async def _read_small(self, conn: Connection, length: int) -> bytes:
+        try:
+            return await conn.reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise ProtocolError(502, "the upstream broke off its response") from exc
+
     async def _relay(
         self,
         conn: Connection,
         response: ResponseHead,
+        payload: bytes | None,
         head: RequestHead,
         keep_alive: bool,
         extra: list[tuple[str, str]],
     ) -> tuple[bool, bool]:
-        """Send the response to the client as it arrives: (upstream connection reusable, client connection kept)."""
+        """Send the response to the client (``payload``: its whole body if already read, else streamed as it
+        arrives): (upstream connection reusable, client connection kept)."""
         framing = response_framing(response, head.method)
         head_bytes, chunked, keep = client_response(
             response, framing, client_version=head.version, keep_alive=keep_alive, extra=extra
         )
         writer = self.writer
-        timeout_s = self.server.upstream_timeout_s
-        if framing.kind == "none" or (framing.kind == "length" and framing.length <= PIECE):
-            # The common small answer: read it whole, then one write to the client.
-            try:
-                async with asyncio.timeout(timeout_s):
-                    payload = await conn.reader.readexactly(framing.length) if framing.length else b""
-            except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
-                self.server.count("upstream_errors")
-                await self._send(error_response(502, "the upstream broke off its response"), keep, False)
-                return False, keep
+        if payload is not None:  # the common small answer: one write to the client
             writer.write(head_bytes + payload)
             await writer.drain()
             return response.reusable, keep
         writer.write(head_bytes)
         source = BodyReader(conn.reader, framing)
         out = BodyWriter(writer, chunked=chunked)
+        timeout_s = self.server.upstream_timeout_s
         broke = False
         try:
             async with asyncio.timeout(timeout_s) as deadline:

@@ -78,7 +78,7 @@ class RequestView:
     _query: dict[str, list[str]] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, method: str, target: str, headers: Mapping[str, str], client_ip: str) -> RequestView:
+    def build(cls, method: str, target: str, headers: Mapping[str, str], client_ip: str | IpAddress) -> RequestView:
         """From the request line's method and origin-form target, the headers and the peer address."""
         raw_path, _, query = target.partition("?")
         return cls(
@@ -87,7 +87,7 @@ class RequestView:
             normalize_path(raw_path),
             query,
             headers,
-            client_address(client_ip),
+            client_address(client_ip) if isinstance(client_ip, str) else client_ip,
         )
 
     def query_param(self, name: str) -> str | None:
