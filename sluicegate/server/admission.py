@@ -4,6 +4,11 @@
   rate limits like a check); ``release`` gives it back with the request's
   waiting and service times, which an ``adaptive`` limit learns from. A lease
   not released within its ttl is reclaimed by :meth:`Admission.tick`.
+* A child (a rule with a ``parent``) whose parent has a concurrency limit
+  gets a share of the parent's limit: weighted max-min (with the parent's
+  priority mode) over the children's demand, that is their leases in flight
+  plus what waits, recomputed at each acquire of the group; its own
+  concurrency limit, if any, is its ceiling.
 * A request with ``max_wait_ms`` that cannot be admitted now waits in its
   key's FIFO queue and is answered as soon as it can be admitted, or denied
   at its deadline at the latest; it is denied at once when the expected wait
@@ -23,7 +28,8 @@ from sluicegate import codec
 from sluicegate import codec_leases as wire
 from sluicegate.concurrency import ConcurrencyState, Waiter, WaitQueue
 from sluicegate.limits import Limit
-from sluicegate.rules import NEVER_MS
+from sluicegate.rules import NEVER_MS, Rule
+from sluicegate.shares import Claim, allocate
 
 if TYPE_CHECKING:
     from sluicegate.adaptive import AdaptiveLimit
@@ -87,12 +93,19 @@ class Admission:
                 continue
             if service_ms:
                 state.record_service(service_ms * MS)
-            adaptive = self.adaptive.get(key)
-            if adaptive is not None and adaptive.record(wait_ms * MS, service_ms * MS, now_ns):
-                state.limit = adaptive.limit
+            self._learn(key, wait_ms, service_ms, now_ns)
             results.append((codec.RELEASED, state.limit))
             self._drain(key, now_ns)
         return results
+
+    def _learn(self, key: bytes, wait_ms: int, service_ms: int, now_ns: int) -> None:
+        """Feed a completed request to the adaptive limit it ran under (its own, or its parent's)."""
+        policy = self.partition.book.policies.get(key)
+        parent = self._parent_limit(policy.rule) if policy is not None else None
+        for owner in (key, parent[0] if parent is not None else None):
+            adaptive = self.adaptive.get(owner) if owner is not None else None
+            if adaptive is not None and adaptive.record(wait_ms * MS, service_ms * MS, now_ns):
+                self.states[owner].limit = adaptive.limit  # type: ignore[index]
 
     def tick(self, now_ns: int) -> None:
         """Reclaim leases past their ttl, admit waiters that now fit, deny those at their deadline."""
@@ -136,11 +149,61 @@ class Admission:
 
     # -- deciding -------------------------------------------------------------------------------
 
-    def _concurrency(self, key: bytes) -> tuple[Limit, ConcurrencyState] | None:
+    def _concurrency(self, key: bytes, cost: int = 0) -> tuple[Limit, ConcurrencyState] | None:
+        """The key's concurrency limit and state (its share of a parent's limit applied), or None.
+
+        ``cost``: what the request being decided asks, counted in the key's demand for its share.
+        """
         policy = self.partition.book.policies.get(key)
-        limit = next((limit for limit in policy.rule.limits if limit.is_concurrency), None) if policy else None
-        if limit is None:
+        own = self._own_limit(policy.rule) if policy is not None else None
+        parent = self._parent_limit(policy.rule) if policy is not None else None
+        if parent is None:
+            return None if own is None else self._state(key, own)
+        parent_key, parent_limit = parent
+        found = self._state(parent_key, parent_limit)
+        share, free = self._share(key, parent_key, found[1].limit, cost)
+        ceiling = own.concurrency if own is not None else share
+        limit = own if own is not None else Limit(parent_limit.name, concurrency=max(1, share))
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = ConcurrencyState(max(1, share), first_lease_id=self._next_lease)
+            self._next_lease += 2**32
+        # Never past the parent's limit in total, even while a sibling still holds more than its new share.
+        state.limit = min(ceiling, share, state.in_flight + free)
+        return limit, state
+
+    @staticmethod
+    def _own_limit(rule: Rule) -> Limit | None:
+        return next((limit for limit in rule.limits if limit.is_concurrency), None)
+
+    def _parent_limit(self, rule: Rule) -> tuple[bytes, Limit] | None:
+        if rule.parent is None:
             return None
+        parent_key = rule.parent.encode("utf-8")
+        parent_policy = self.partition.book.policies.get(parent_key)
+        limit = self._own_limit(parent_policy.rule) if parent_policy is not None else None
+        return None if limit is None else (parent_key, limit)
+
+    def _share(self, key: bytes, parent_key: bytes, parent_limit: int, cost: int) -> tuple[int, int]:
+        """``key``'s whole number of leases out of ``parent_limit`` by demand (in flight + waiting + asked),
+        and how much of the parent's limit the children leave free now."""
+        book = self.partition.book
+        parent_rule = book.policies[parent_key].rule
+        claims = []
+        in_flight = 0
+        for child in {*book.children_of(parent_key), key}:
+            child_policy = book.policies.get(child)
+            if child_policy is None:
+                continue
+            state, queue = self.states.get(child), self.queues.get(child)
+            held = state.in_flight if state else 0
+            in_flight += held
+            demand = held + (queue.queued_cost if queue else 0) + (cost if child == key else 0)
+            claims.append(Claim(child, child_policy.rule.weight, child_policy.rule.priority, demand))
+        shares = allocate(parent_limit, claims, mode=parent_rule.share, level_weights=dict(parent_rule.level_weights))
+        return math.floor(shares.get(key, 0.0) + 1e-9), max(0, parent_limit - in_flight)
+
+    def _state(self, key: bytes, limit: Limit) -> tuple[Limit, ConcurrencyState]:
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = ConcurrencyState(limit.concurrency, first_lease_id=self._next_lease)
@@ -158,7 +221,7 @@ class Admission:
     def _try(self, kind: str, key: bytes, cost: int, ttl_ms: int, now_ns: int) -> tuple[Result, int]:
         """Admit now if everything has room: ``(reply item, lease id or 0)``; counts the decision."""
         partition = self.partition
-        found = self._concurrency(key) if kind == ACQUIRE else None
+        found = self._concurrency(key, cost) if kind == ACQUIRE else None
         if found is not None:
             limit, state = found
             if state.in_flight + cost > state.limit and not limit.shadow:

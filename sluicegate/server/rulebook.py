@@ -102,6 +102,10 @@ class RuleBook:
             self._parent_ready(key, rule, buckets, now_ns)
         return self._parent_missing(key, rule, buckets, now_ns)
 
+    def children_of(self, parent: bytes) -> set[bytes]:
+        """The held children of ``parent`` (in its share group)."""
+        return self._children.get(parent, set())
+
     @property
     def has_waiting(self) -> bool:
         """Whether any child waits for its parent (a cheap test before :meth:`waiting_for`)."""
