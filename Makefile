@@ -76,6 +76,11 @@ bench-policy: venv
 bench-adaptive: venv
 	$(BIN)/python bench/adaptive_limit.py
 
+# `sluicegate proxy` overhead: wrk against nginx directly vs through the proxy (pass, check, acquire); about 1 minute.
+.PHONY: bench-proxy
+bench-proxy: venv bench-deps
+	$(BIN)/python bench/proxy_overhead.py
+
 # Artillery for loadtest/ (about 590 MB, a minute the first time; nothing when installed): exactly
 # the committed lock, no install scripts (a Playwright dependency would try to download a browser).
 LOADTEST_STAMP := loadtest/node_modules/.installed
