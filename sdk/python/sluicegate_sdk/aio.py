@@ -11,11 +11,31 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from sluicegate.decision import Decision
 from sluicegate_sdk.checks import normalize_checks, validate_check
-from sluicegate_sdk.httpapi import ClientOptions, Unavailable, batch_body, batches, decisions
+from sluicegate_sdk.httpapi import (
+    ClientOptions,
+    Unavailable,
+    acquire_body,
+    batch_body,
+    batches,
+    decisions,
+    release_body,
+    released,
+)
+from sluicegate_sdk.leases import (
+    DEFAULT_TTL_S,
+    Lease,
+    LostReleases,
+    held_lease,
+    hold_async,
+    reported_ms,
+    ttl_ms,
+    wait_ms,
+)
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024
@@ -23,7 +43,8 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class AsyncClient:
-    """Checks over HTTP from asyncio: ``await check(key, cost=1)``, ``await check_many([...])``.
+    """Checks over HTTP from asyncio: ``await check(key, cost=1)``, ``await check_many([...])``;
+    leases: ``await acquire(...)``, ``await release(...)``, ``async with client.lease(key) as decision:``.
 
     ``timeout`` bounds each HTTP request, in seconds; ``on_error`` is
     ``"allow"`` (fail open) or ``"deny"`` (fail closed); ``pool_size`` idle
@@ -33,6 +54,9 @@ class AsyncClient:
 
         async with AsyncClient("http://127.0.0.1:8080") as client:
             decision = await client.check("alice")
+            async with client.lease("db", max_wait=0.25) as seat:
+                if seat.allowed:
+                    await run_query()
     """
 
     def __init__(
@@ -55,20 +79,55 @@ class AsyncClient:
         self._idle: list[Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self.lost_releases = LostReleases()
 
     @property
     def fallbacks(self) -> int:
-        """Checks answered with the ``on_error`` fallback so far."""
+        """Checks (and acquires) answered with the ``on_error`` fallback so far."""
         return self.on_error.count
 
-    async def check(self, key: str, cost: int = 1) -> Decision:
-        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost."""
+    async def check(self, key: str, cost: int = 1, *, max_wait: float = 0) -> Decision:
+        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost.
+
+        ``max_wait`` (seconds, up to 60): the service may hold the check until the credit is there.
+        """
         key, cost = validate_check(key, cost)
+        waiting = wait_ms(max_wait)
         try:
-            status, body = await self._request("GET", self.endpoint.check_target(key, cost), b"")
+            status, body = await self._request("GET", self.endpoint.check_target(key, cost, waiting), b"", waiting)
             return decisions(status, body, 1)[0]
         except Unavailable as exc:
             return self.on_error.decide(key, f"{self.endpoint.host_header}: {exc}")
+
+    async def acquire(self, key: str, cost: int = 1, *, ttl: float = DEFAULT_TTL_S, max_wait: float = 0) -> Decision:
+        """Take a lease on the key's concurrency limit (``decision.lease``); see ``Client.acquire``."""
+        key, cost = validate_check(key, cost)
+        waiting = wait_ms(max_wait)
+        body = acquire_body(key, cost, ttl_ms(ttl), waiting)
+        try:
+            status, data = await self._request("POST", self.endpoint.acquire_target, body, waiting)
+            return decisions(status, data, 1)[0]
+        except Unavailable as exc:
+            return self.on_error.decide(key, f"{self.endpoint.host_header}: {exc}")
+
+    async def release(self, held: Decision | Lease, *, wait: float = 0, service: float = 0) -> bool:
+        """Give a lease back; False when there was none or it was not confirmed (see ``Client.release``)."""
+        found = held_lease(held)
+        if found is None:
+            return False
+        key, lease = found
+        body = release_body(key, lease, reported_ms("wait", wait), reported_ms("service", service))
+        try:
+            return released(*await self._request("POST", self.endpoint.release_target, body))
+        except Unavailable as exc:
+            self.lost_releases.note(key, f"{self.endpoint.host_header}: {exc}")
+            return False
+
+    def lease(
+        self, key: str, cost: int = 1, *, ttl: float = DEFAULT_TTL_S, max_wait: float = 0
+    ) -> AbstractAsyncContextManager[Decision]:
+        """``async with client.lease(key) as decision:``: acquire, run the block, release with measured times."""
+        return hold_async(self.acquire, self.release, key, cost, ttl=ttl, max_wait=max_wait)
 
     async def check_many(self, checks: Iterable[str | tuple[str, int]]) -> list[Decision]:
         """Several checks (keys, or ``(key, cost)`` pairs), decided in order; 100 per request."""
@@ -96,7 +155,8 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    async def _request(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    async def _request(self, method: str, target: str, body: bytes, held_ms: int = 0) -> tuple[int, bytes]:
+        """One request; the service may hold it ``held_ms`` longer than ``timeout``."""
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
         loop = asyncio.get_running_loop()
@@ -110,7 +170,7 @@ class AsyncClient:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         request = (head + "\r\n").encode("latin-1") + body
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout + held_ms / 1000):
                 return await self._send(request)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, ssl.SSLError) as exc:
             raise Unavailable(f"{type(exc).__name__}: {exc}") from exc

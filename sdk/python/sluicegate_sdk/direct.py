@@ -9,6 +9,10 @@ core's :class:`sluicegate.exchange.Exchange`; this module adds blocking I/O.
 Concurrent checks from several threads are coalesced: one thread at a time
 (the "pump") sends and receives for everyone, and checks queued meanwhile go
 out together, one datagram per partition. A lone thread pays no hand-off.
+
+Acquires, releases and waiting checks (which the partition may hold) are not
+coalesced: each is one blocking call on a socket of its own, re-sending the
+same datagram every ``timeout`` until the wait and the retry budget are over.
 """
 
 from __future__ import annotations
@@ -18,15 +22,21 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+from sluicegate import codec
+from sluicegate import lease_calls as calls
 from sluicegate.decision import Decision
 from sluicegate.directory import UNREACHABLE
 from sluicegate.exchange import Answer
 from sluicegate_sdk.checks import normalize_checks, validate_check
+from sluicegate_sdk.leases import DEFAULT_TTL_S, Lease, held_lease, hold, reported_ms, ttl_ms, wait_ms
 from sluicegate_sdk.partitions import DirectBase
+
+T = TypeVar("T")
 
 
 class _Call:
@@ -48,7 +58,8 @@ class _Slot:
 
 
 class DirectClient(DirectBase):
-    """Checks over UDP to the partitions: ``check(key, cost=1)``, ``check_many([...])``.
+    """Checks over UDP to the partitions: ``check(key, cost=1)``, ``check_many([...])``; leases:
+    ``acquire``, ``release``, ``with client.lease(key) as decision:`` (as :class:`sluicegate_sdk.Client`).
 
     ``partitions=[(host, port), ...]`` in partition order, or
     ``namespace="sluicegate.internal", partition_count=N`` (names
@@ -72,9 +83,45 @@ class DirectClient(DirectBase):
         self._io: _Io | None = None
         self._closed = False
 
-    def check(self, key: str, cost: int = 1) -> Decision:
-        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost."""
-        return self._run([validate_check(key, cost)])[0]
+    def check(self, key: str, cost: int = 1, *, max_wait: float = 0) -> Decision:
+        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost.
+
+        ``max_wait`` (seconds, up to 60): the partition may hold the check until the credit is there.
+        """
+        key, cost = validate_check(key, cost)
+        waiting = wait_ms(max_wait)
+        if not waiting:
+            return self._run([(key, cost)])[0]
+        data = calls.check_wait_request(self._new_id(), key, cost, max_wait_ms=waiting)
+        return self._decided(key, self._call_held(key, data, waiting, lambda reply: calls.check_decision(key, reply)))
+
+    def acquire(self, key: str, cost: int = 1, *, ttl: float = DEFAULT_TTL_S, max_wait: float = 0) -> Decision:
+        """Take a lease on the key's concurrency limit (``decision.lease``); see ``Client.acquire``."""
+        key, cost = validate_check(key, cost)
+        waiting = wait_ms(max_wait)
+        data = calls.acquire_request(self._new_id(), key, cost, ttl_ms=ttl_ms(ttl), max_wait_ms=waiting)
+        return self._decided(key, self._call_held(key, data, waiting, lambda reply: calls.acquire_decision(key, reply)))
+
+    def release(self, held: Decision | Lease, *, wait: float = 0, service: float = 0) -> bool:
+        """Give a lease back; False when there was none or it was not confirmed (see ``Client.release``)."""
+        found = held_lease(held)
+        if found is None:
+            return False
+        key, lease = found
+        data = calls.release_request(
+            self._new_id(), key, lease, wait_ms=reported_ms("wait", wait), service_ms=reported_ms("service", service)
+        )
+        outcome = self._call_held(key, data, 0, calls.release_outcome)
+        if outcome is None:
+            self._lost_release(key)
+            return False
+        return outcome.released
+
+    def lease(
+        self, key: str, cost: int = 1, *, ttl: float = DEFAULT_TTL_S, max_wait: float = 0
+    ) -> AbstractContextManager[Decision]:
+        """``with client.lease(key) as decision:``: acquire, run the block, release with measured times."""
+        return hold(self.acquire, self.release, key, cost, ttl=ttl, max_wait=max_wait)
 
     def check_many(self, checks: Iterable[str | tuple[str, int]]) -> list[Decision]:
         """Several checks (keys, or ``(key, cost)`` pairs), decided in order, one datagram per partition."""
@@ -93,6 +140,40 @@ class DirectClient(DirectBase):
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    def _new_id(self) -> int:
+        with self._lock:
+            return self._exchange.new_id()
+
+    def _call_held(self, key: str, data: bytes, max_wait_ms: int, read: Callable[[bytes], T]) -> T | None:
+        """Send ``data`` to the key's partition until it answers (``read(reply)``) or the budget is spent."""
+        address = self._directory.addresses()[self.partition(key)]
+        if address == UNREACHABLE:
+            return None
+        wanted = calls.request_id_of(data)
+        give_up = time.monotonic() + calls.give_up_after_s(max_wait_ms, timeout_s=self.timeout, attempts=self.attempts)
+        with socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            while (now := time.monotonic()) < give_up:
+                try:
+                    sock.sendto(data, address)
+                except OSError:
+                    pass  # buffer full: the next round sends it again
+                resend_at = min(give_up, now + self.timeout)
+                while (left := resend_at - time.monotonic()) > 0:
+                    sock.settimeout(left)
+                    try:
+                        reply, sender = sock.recvfrom(65535)
+                    except TimeoutError:
+                        break
+                    except OSError:
+                        time.sleep(left)  # an ICMP error: wait for the next round as if nothing came
+                        break
+                    try:
+                        if sender[:2] == address[:2] and calls.request_id_of(reply) == wanted:
+                            return read(reply)
+                    except codec.MalformedDatagram:
+                        continue  # not an answer: keep listening
+        return None
 
     def _run(self, checks: list[tuple[str, int]]) -> list[Decision]:
         if self._pid != os.getpid():

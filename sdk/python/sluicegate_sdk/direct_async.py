@@ -5,26 +5,36 @@ datagram (as in the router); retries keep the request id; after the last
 attempt the check gets the ``on_error`` fallback. Name lookups run in a
 thread, so a slow DNS never blocks the loop. The socket belongs to the loop
 that opened it: used from another loop, the client starts afresh there.
+Acquires, releases and waiting checks go out alone (the partition may hold
+them) and are re-sent every ``timeout`` until the wait and the retries are over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
+from typing import TypeVar
 
+from sluicegate import codec
+from sluicegate import lease_calls as calls
 from sluicegate.decision import Decision
 from sluicegate.directory import UNREACHABLE
 from sluicegate.exchange import Answer, Flight
 from sluicegate_sdk.checks import normalize_checks, validate_check
+from sluicegate_sdk.leases import DEFAULT_TTL_S, Lease, held_lease, hold_async, reported_ms, ttl_ms, wait_ms
 from sluicegate_sdk.partitions import DirectBase
+
+T = TypeVar("T")
 
 DRAIN_LIMIT = 256  # datagrams read per wake-up, so timers and other readers still run under load
 
 
 class AsyncDirectClient(DirectBase):
-    """Checks over UDP from asyncio: ``await check(key, cost=1)``, ``await check_many([...])``.
+    """Checks over UDP from asyncio: ``await check(key, cost=1)``, ``await check_many([...])``; leases:
+    ``await acquire(...)``, ``await release(...)``, ``async with client.lease(key) as decision:``.
 
     Same options as :class:`sluicegate_sdk.DirectClient`.
 
@@ -41,12 +51,53 @@ class AsyncDirectClient(DirectBase):
         self._refresh_at = float("-inf")
         self._refreshing: asyncio.Future[None] | None = None
         self._closed = False
+        self._held: dict[int, asyncio.Future[bytes]] = {}  # request id -> its answer, for requests sent alone
 
-    async def check(self, key: str, cost: int = 1) -> Decision:
-        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost."""
+    async def check(self, key: str, cost: int = 1, *, max_wait: float = 0) -> Decision:
+        """Spend ``cost`` credits of ``key`` if it has them; raises :class:`CheckError` for a bad key or cost.
+
+        ``max_wait`` (seconds, up to 60): the partition may hold the check until the credit is there.
+        """
         key, cost = validate_check(key, cost)
+        waiting = wait_ms(max_wait)
         await self._ready()
-        return await self._submit(key, cost)
+        if not waiting:
+            return await self._submit(key, cost)
+        data = calls.check_wait_request(self._exchange.new_id(), key, cost, max_wait_ms=waiting)
+        decision = await self._call_held(key, data, waiting, lambda reply: calls.check_decision(key, reply))
+        return self._held_decision(key, decision)
+
+    async def acquire(self, key: str, cost: int = 1, *, ttl: float = DEFAULT_TTL_S, max_wait: float = 0) -> Decision:
+        """Take a lease on the key's concurrency limit (``decision.lease``); see ``Client.acquire``."""
+        key, cost = validate_check(key, cost)
+        waiting = wait_ms(max_wait)
+        lease_ms = ttl_ms(ttl)
+        await self._ready()
+        data = calls.acquire_request(self._exchange.new_id(), key, cost, ttl_ms=lease_ms, max_wait_ms=waiting)
+        decision = await self._call_held(key, data, waiting, lambda reply: calls.acquire_decision(key, reply))
+        return self._held_decision(key, decision)
+
+    async def release(self, held: Decision | Lease, *, wait: float = 0, service: float = 0) -> bool:
+        """Give a lease back; False when there was none or it was not confirmed (see ``Client.release``)."""
+        found = held_lease(held)
+        if found is None:
+            return False
+        key, lease = found
+        times = {"wait_ms": reported_ms("wait", wait), "service_ms": reported_ms("service", service)}
+        await self._ready()
+        data = calls.release_request(self._exchange.new_id(), key, lease, **times)
+        outcome = await self._call_held(key, data, 0, calls.release_outcome)
+        if outcome is None:
+            self._lost_release(key)
+            self._refresh_at = float("-inf")
+            return False
+        return outcome.released
+
+    def lease(
+        self, key: str, cost: int = 1, *, ttl: float = DEFAULT_TTL_S, max_wait: float = 0
+    ) -> AbstractAsyncContextManager[Decision]:
+        """``async with client.lease(key) as decision:``: acquire, run the block, release with measured times."""
+        return hold_async(self.acquire, self.release, key, cost, ttl=ttl, max_wait=max_wait)
 
     async def check_many(self, checks: Iterable[str | tuple[str, int]]) -> list[Decision]:
         """Several checks (keys, or ``(key, cost)`` pairs), decided in order, one datagram per partition."""
@@ -90,6 +141,41 @@ class AsyncDirectClient(DirectBase):
             self._refresh_at = asyncio.get_running_loop().time() + self.dns_ttl
         finally:
             self._refreshing = None
+
+    def _held_decision(self, key: str, decision: Decision | None) -> Decision:
+        if decision is None:
+            self._refresh_at = float("-inf")  # look the partitions up again before the next call
+        return self._decided(key, decision)
+
+    async def _call_held(self, key: str, data: bytes, max_wait_ms: int, read: Callable[[bytes], T]) -> T | None:
+        """Send ``data`` to the key's partition until it answers (``read(reply)``) or the budget is spent."""
+        address = self._addresses[self.partition(key)]
+        if address == UNREACHABLE:
+            return None
+        loop = asyncio.get_running_loop()
+        request_id = calls.request_id_of(data)
+        give_up = loop.time() + calls.give_up_after_s(max_wait_ms, timeout_s=self.timeout, attempts=self.attempts)
+        sock = self._socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
+        answer: asyncio.Future[bytes] = loop.create_future()
+        self._held[request_id] = answer
+        try:
+            while (left := give_up - loop.time()) > 0:
+                try:
+                    sock.sendto(data, address)
+                except OSError:
+                    pass  # buffer full: the next round sends it again
+                try:
+                    reply = await asyncio.wait_for(asyncio.shield(answer), min(self.timeout, left))
+                except TimeoutError:
+                    continue
+                try:
+                    return read(reply)
+                except codec.MalformedDatagram:
+                    return None
+            return None
+        finally:
+            self._held.pop(request_id, None)
+            answer.cancel()
 
     def _submit(self, key: str, cost: int) -> asyncio.Future[Decision]:
         loop = asyncio.get_running_loop()
@@ -138,6 +224,17 @@ class AsyncDirectClient(DirectBase):
                 if flight.handle is not None:
                     flight.handle.cancel()
                 self._answer(answers)
+            elif self._held:
+                self._answer_held(data)
+
+    def _answer_held(self, data: bytes) -> None:
+        try:
+            request_id = calls.request_id_of(data)
+        except codec.MalformedDatagram:
+            return
+        answer = self._held.pop(request_id, None)
+        if answer is not None and not answer.done():
+            answer.set_result(data)
 
     def _answer(self, answers: list[Answer]) -> None:
         if not answers:

@@ -4,6 +4,8 @@ Example:
     >>> endpoint = Endpoint.parse("http://quota.internal:8080/api")
     >>> endpoint.check_target("a b", 2)
     '/api/v1/check/a%20b?cost=2'
+    >>> endpoint.check_target("db", 1, max_wait_ms=250)
+    '/api/v1/check/db?max_wait_ms=250'
     >>> decisions(200, b'{"key":"a","allowed":true,"remaining":4,"retry_after_ms":0,"fallback":false}', 1)[0].remaining
     4
 """
@@ -54,14 +56,25 @@ class Endpoint:
         default = 443 if self.scheme == "https" else 80
         return host if self.port == default else f"{host}:{self.port}"
 
-    def check_target(self, key: str, cost: int) -> str:
-        """The request target of ``GET /v1/check/{key}?cost=N`` (the key percent-encoded)."""
+    def check_target(self, key: str, cost: int, max_wait_ms: int = 0) -> str:
+        """The request target of ``GET /v1/check/{key}?cost=N&max_wait_ms=M`` (the key percent-encoded)."""
         target = f"{self.base_path}/v1/check/{quote(key, safe='')}"
-        return target if cost == 1 else f"{target}?cost={cost}"
+        query = [f"cost={cost}"] if cost != 1 else []
+        if max_wait_ms:
+            query.append(f"max_wait_ms={max_wait_ms}")
+        return f"{target}?{'&'.join(query)}" if query else target
 
     @property
     def batch_target(self) -> str:
         return f"{self.base_path}/v1/check"
+
+    @property
+    def acquire_target(self) -> str:
+        return f"{self.base_path}/v1/acquire"
+
+    @property
+    def release_target(self) -> str:
+        return f"{self.base_path}/v1/release"
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,30 @@ def batch_body(checks: Sequence[tuple[str, int]]) -> bytes:
 def batches(checks: Sequence[tuple[str, int]]) -> list[Sequence[tuple[str, int]]]:
     """``checks`` in request-sized chunks, in order."""
     return [checks[i : i + MAX_BATCH] for i in range(0, len(checks), MAX_BATCH)]
+
+
+def acquire_body(key: str, cost: int, ttl_ms: int, max_wait_ms: int) -> bytes:
+    return json.dumps({"key": key, "cost": cost, "ttl_ms": ttl_ms, "max_wait_ms": max_wait_ms}).encode()
+
+
+def release_body(key: str, lease: int, wait_ms: int, service_ms: int) -> bytes:
+    return json.dumps({"key": key, "lease": lease, "wait_ms": wait_ms, "service_ms": service_ms}).encode()
+
+
+def released(status: int, body: bytes) -> bool:
+    """The answer to a release: True (given back) or False (the service holds no such lease).
+
+    A 400 is our caller's mistake (:class:`CheckError`); anything else
+    (503: the partition did not confirm it) raises :class:`Unavailable`.
+    """
+    if status == 400:
+        raise CheckError(f"the service refused the release: {_error_message(body)}")
+    if status not in (200, 409):
+        raise Unavailable(f"HTTP {status}: {_error_message(body)}")
+    try:
+        return json.loads(body)["released"] is True
+    except (ValueError, TypeError, KeyError) as exc:
+        raise Unavailable(f"HTTP {status} with a body that is not a release's answer: {body[:200]!r}") from exc
 
 
 def decisions(status: int, body: bytes, expected: int) -> list[Decision]:

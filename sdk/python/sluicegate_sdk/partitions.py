@@ -23,6 +23,7 @@ from sluicegate.directory import PartitionDirectory
 from sluicegate.exchange import Exchange
 from sluicegate.routing import partition_for
 from sluicegate_sdk.checks import OnError
+from sluicegate_sdk.leases import LostReleases
 
 Address = tuple[str, int]
 DEFAULT_PORT = 7000
@@ -86,6 +87,7 @@ class DirectBase:
         self.max_datagram = max_datagram
         self.dns_ttl = float(dns_ttl)
         self.on_error = OnError(on_error)
+        self.lost_releases = LostReleases()
         self._directory = PartitionDirectory(self.endpoints, ttl_s=self.dns_ttl)
         self._exchange = self._new_exchange()
         self._start()
@@ -111,10 +113,23 @@ class DirectBase:
             max_datagram=self.max_datagram,
         )
 
+    def _decided(self, key: str, decision: Decision | None) -> Decision:
+        """``decision``, or the fallback when the partition did not answer an acquire or a waiting check."""
+        if decision is None:
+            decision = self.on_error.decide(key, f"a partition did not answer ({self._budget()})")
+            self._directory.expire()
+        return decision
+
+    def _lost_release(self, key: str) -> None:
+        self.lost_releases.note(key, f"a partition did not answer ({self._budget()})")
+        self._directory.expire()
+
+    def _budget(self) -> str:
+        return f"{self.attempts} x {self.timeout:g}s"
+
     def _note_fallbacks(self, decisions: Sequence[Decision]) -> None:
         """Log and count fallbacks among ``decisions``; look the partitions up again before the next check."""
         count = sum(decision.fallback for decision in decisions)
         if count:
-            budget = f"{self.attempts} x {self.timeout:g}s"
-            self.on_error.note(f"a partition did not answer ({budget}) or its name did not resolve", count)
+            self.on_error.note(f"a partition did not answer ({self._budget()}) or its name did not resolve", count)
             self._directory.expire()
