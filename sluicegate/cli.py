@@ -6,6 +6,7 @@ Example::
     sluicegate rules put alice --capacity 1000 --rate 100
     sluicegate rules put alice --capacity 10 --rate 10 --limit name=daily,quota=250,per=day
     sluicegate check alice --cost 5
+    sluicegate check alice --cost 5 --max-wait-ms 500
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def _parser(config: Config) -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="ask a running service whether KEY may spend COST")
     check.add_argument("key")
     check.add_argument("--cost", type=int, default=1)
+    check.add_argument(
+        "--max-wait-ms", type=int, default=0, help="let the service hold the check up to this long for credit"
+    )
     check.add_argument("--endpoint", default=f"http://{config.host}:{config.port}")
     proxy_command.add_parser(commands, config)
     return parser
@@ -216,8 +220,10 @@ def _import(store: RuleStore, path: Path, fmt: str | None) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     url = f"{args.endpoint.rstrip('/')}/v1/check/{urllib.parse.quote(args.key, safe='')}?cost={args.cost}"
+    if args.max_wait_ms:
+        url += f"&max_wait_ms={args.max_wait_ms}"  # the service checks the range (400 with a message)
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5 + max(0, args.max_wait_ms) / 1000) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()

@@ -18,6 +18,7 @@ import pytest
 
 from sluicegate.routing import partition_for
 from tests.conftest import child_env, children_of, read_until, stop
+from tests.functional.test_cli_rules import sluicegate
 
 BIG = 10**6  # a rate that never denies: only the concurrency limit decides
 RULES = [
@@ -25,6 +26,7 @@ RULES = [
     {"key": "pool", "capacity": BIG, "rate": BIG, "limits": [{"name": "workers", "concurrency": 1}]},
     {"key": "gate:*", "capacity": BIG, "rate": BIG, "limits": [{"name": "seats", "concurrency": 1}]},
     {"key": "slow", "capacity": 5, "rate": 20},  # empty, it has 5 credits again after 250 ms
+    {"key": "tick", "capacity": 5, "rate": 20},
 ]
 PARTITIONS = 3
 
@@ -158,6 +160,17 @@ def test_a_check_may_wait_for_credit_and_a_plain_check_does_not(local: Local) ->
     assert headers["RateLimit-Policy"] == '"key";q=5;w=1'
     status, _, body = local.request("GET", "/v1/check/slow?cost=5&max_wait_ms=20")  # needs ~250 ms
     assert status == 429 and body["retry_after_ms"] > 20
+
+
+def test_sluicegate_check_can_wait(local: Local, tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{local.port}"
+    assert sluicegate("check", "tick", "--cost", "5", "--endpoint", endpoint, cwd=tmp_path).returncode == 0
+    denied = sluicegate("check", "tick", "--cost", "5", "--endpoint", endpoint, cwd=tmp_path)
+    assert denied.returncode == 1 and "denied by the 'rate' limit" in denied.stderr
+    waited = sluicegate("check", "tick", "--cost", "5", "--max-wait-ms", "2000", "--endpoint", endpoint, cwd=tmp_path)
+    assert waited.returncode == 0 and json.loads(waited.stdout)["allowed"] is True
+    bad = sluicegate("check", "tick", "--max-wait-ms", "70000", "--endpoint", endpoint, cwd=tmp_path)
+    assert bad.returncode == 2 and "max_wait_ms must be from 0 to 60000" in bad.stderr
 
 
 def test_a_key_without_a_concurrency_limit_is_acquired_like_a_check(local: Local) -> None:
