@@ -106,6 +106,8 @@ class Session:
             target, authority = origin_form(head.target)
         except ValueError as exc:
             raise ProtocolError(400, str(exc)) from exc
+        if len(head.values("host")) > 1:
+            raise ProtocolError(400, "more than one Host field")
         headers = head.lower_map()
         if authority:
             headers["host"] = authority

@@ -6,12 +6,17 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sluicegate import cli
+from sluicegate.config import Config, ConfigError
+from sluicegate.proxy import command as proxy_command
+from tests.conftest import child_env, read_until, stop
 from tests.functional.proxy_stack import (
     Service,
     quota,
@@ -201,3 +206,61 @@ def test_a_bad_policy_is_refused_with_its_file_line_and_field(tmp_path: Path, ca
     assert capsys.readouterr().err.strip() == (
         f"sluicegate: {policy}:4: classes[0].mode: must be one of check, acquire, pass, got 'lease'"
     )
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        (b"GET /a HTTP/1.1\r\nHost: t\r\nX-Folded: a\r\n b\r\n\r\n", 400),
+        (b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
+        (b"GET /a HTTP/1.1\r\nHost: t\r\nX-Big: " + b"x" * 20000 + b"\r\n\r\n", 431),
+        (b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\n\r\n", 405),
+    ],
+)
+def test_an_ambiguous_or_malformed_request_is_refused_and_its_connection_closed(
+    proxy_port: int, head: bytes, status: int
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy_port), timeout=10) as sock:
+        sock.sendall(head)
+        received = b""
+        while piece := sock.recv(65536):  # read to the end: the proxy closes the connection
+            received += piece
+    assert received.startswith(b"HTTP/1.1 %d " % status)
+    assert b"Connection: close" in received
+
+
+def test_partitions_may_come_from_the_environment(tmp_path: Path, stack: tuple[Service, Service, Service, str]) -> None:
+    upstream, _, _, partitions = stack
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("default: {key: 'tenant:{header:x-tenant}'}\n")
+    command = [sys.executable, "-m", "sluicegate.cli", "proxy", "--upstream", f"http://127.0.0.1:{upstream.port}"]
+    command += ["--listen", "127.0.0.1:0", "--policy", str(policy)]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(SLUICEGATE_PARTITION_ADDRESSES=partitions),
+    )
+    try:
+        port = int(read_until(process, r"sluicegate proxy: http://127\.0\.0\.1:(\d+)")[0].group(1))
+        statuses = [request(port, "GET", "/", headers={"x-tenant": "env"})[0] for _ in range(3)]
+    finally:
+        stop(process)
+    assert statuses == [200, 200, 429]  # tenant:* has room for 2: the checks reached the partitions
+
+
+def test_namespace_names_partition_i_as_p_i() -> None:
+    parser = cli._parser(Config())
+    args = parser.parse_args(["proxy", "--upstream", "http://u", "--policy", "p", "--namespace", "ns.internal"])
+    args.partition_count = 3
+    assert proxy_command._endpoints(args, Config()) == (
+        [("p0.ns.internal", 7000), ("p1.ns.internal", 7000), ("p2.ns.internal", 7000)],
+        True,
+    )
+    args.partitions = "127.0.0.1:1"
+    with pytest.raises(ConfigError, match="not both"):
+        proxy_command._endpoints(args, Config())
