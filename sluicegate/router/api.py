@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -256,7 +256,11 @@ class CheckApi:
 
     async def _acquire(self, key: str, cost: int, ttl_ms: int, max_wait_ms: int) -> HttpResponse:
         max_wait_ms = min(max_wait_ms, self.wait_limit_ms)
-        return _single_response(await self.client.acquire(key, cost, ttl_ms=ttl_ms, max_wait_ms=max_wait_ms))
+        decision = await self.client.acquire(key, cost, ttl_ms=ttl_ms, max_wait_ms=max_wait_ms)
+        # A concurrency limit has no window (window_ms 0): its headers give the limit and what is free, no w/t.
+        for_headers = replace(decision, window_ms=None) if decision.window_ms == 0 else decision
+        status = 200 if decision.allowed else 429
+        return json_response(status, decision.to_json(), rate_limit_headers(for_headers))
 
     async def _release(self, key: str, lease: int, wait_ms: int, service_ms: int) -> HttpResponse:
         outcome = await self.client.release_outcome(key, lease, wait_ms=wait_ms, service_ms=service_ms)
