@@ -72,7 +72,7 @@ def _together(proxy: Service, count: int, mode: str, ms: int) -> list[tuple[int,
 
 def test_a_lease_is_held_while_the_upstream_serves_and_given_back_after(stack: tuple[Service, Service]) -> None:
     upstream, proxy = stack
-    answers = _together(proxy, 5, "now", 400)
+    answers = _together(proxy, 5, "now", 1000)
     statuses = sorted(status for status, _, _ in answers)
     assert statuses == [200, 200, 429, 429, 429]  # two leases, the others refused at once
     refused = next(answer for answer in answers if answer[0] == 429)
