@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sluicegate.rules import MAX_KEY_BYTES
 
@@ -316,22 +316,30 @@ def encode_invalidate_request(request_id: int, keys: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def decode_invalidate_request(data: bytes) -> tuple[int, list[bytes]]:
-    request_id, count = decode_request_header(data, OP_INVALIDATE)
+def decode_keyed_items(data: bytes, count: int, item: struct.Struct) -> list[tuple[Any, ...]]:
+    """``count`` items of ``item`` (its first field the key's length), each followed by its key.
+
+    Returns ``(key, *the item's other fields)`` per item; the rest of ``data`` must be padding.
+    """
     if not 1 <= count <= MAX_ITEMS:
         raise MalformedDatagram("item count out of range")
-    keys = []
+    items = []
     offset = HEADER_SIZE
     for _ in range(count):
-        if offset + 2 > len(data):
+        if offset + item.size > len(data):
             raise MalformedDatagram("truncated item")
-        (key_len,) = KEY_LEN.unpack_from(data, offset)
-        offset += 2
+        key_len, *fields = item.unpack_from(data, offset)
+        offset += item.size
         end = key_end(data, offset, key_len)
-        keys.append(data[offset:end])
+        items.append((data[offset:end], *fields))
         offset = end
     check_padding(data, offset)
-    return request_id, keys
+    return items
+
+
+def decode_invalidate_request(data: bytes) -> tuple[int, list[bytes]]:
+    request_id, count = decode_request_header(data, OP_INVALIDATE)
+    return request_id, [key for (key,) in decode_keyed_items(data, count, KEY_LEN)]
 
 
 def encode_invalidate_reply(request_id: int, held: int) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 from sluicegate.codec import (
     HEADER,
@@ -34,6 +35,7 @@ from sluicegate.codec import (
     check_key_size,
     check_padding,
     check_reply_size,
+    decode_keyed_items,
     decode_request_header,
     key_end,
     pad,
@@ -137,19 +139,7 @@ def encode_release_request(request_id: int, releases: Sequence[tuple[bytes, int,
 def decode_release_request(data: bytes) -> tuple[int, list[tuple[bytes, int, int, int]]]:
     """``(request_id, [(key, lease, wait_ms, service_ms), ...])`` of a RELEASE datagram."""
     request_id, count = decode_request_header(data, OP_RELEASE)
-    if not 1 <= count <= MAX_ITEMS:
-        raise MalformedDatagram("item count out of range")
-    releases = []
-    offset = HEADER_SIZE
-    for _ in range(count):
-        if offset + RELEASE_ITEM.size > len(data):
-            raise MalformedDatagram("truncated item")
-        key_len, lease, wait_ms, service_ms = RELEASE_ITEM.unpack_from(data, offset)
-        offset += RELEASE_ITEM.size
-        end = key_end(data, offset, key_len)
-        releases.append((data[offset:end], lease, wait_ms, service_ms))
-        offset = end
-    check_padding(data, offset)
+    releases: list[Any] = decode_keyed_items(data, count, RELEASE_ITEM)
     if len(data) < HEADER_SIZE + RELEASE_RESULT.size * count:
         raise MalformedDatagram("request smaller than its reply (not padded)")
     return request_id, releases
