@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 ACQUIRE, CHECK = "acquire", "check"
 MS = 1_000_000
+# Each key's lease ids count up from its own start, a stride apart: ids stay unique per key (a release
+# names its key), rarely repeat across keys, and stay below 2**53 (exact in JSON) for 8 billion keys.
+LEASE_STRIDE = 2**20
 Result = tuple[int, int, int, int, int, bytes]
 
 
@@ -87,12 +90,12 @@ class Admission:
         results = []
         for key, lease_id, wait_ms, service_ms in releases:
             state = self.states.get(key)
+            if state is not None and service_ms and lease_id in state:
+                state.record_service(service_ms * MS)  # before the release, which would count the hold time
             released = state.release(lease_id, now_ns) if state is not None else None
             if released is None:
                 results.append((codec.UNKNOWN_LEASE, state.limit if state is not None else 0))
                 continue
-            if service_ms:
-                state.record_service(service_ms * MS)
             self._learn(key, wait_ms, service_ms, now_ns)
             results.append((codec.RELEASED, state.limit))
             self._drain(key, now_ns)
@@ -167,7 +170,7 @@ class Admission:
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = ConcurrencyState(max(1, share), first_lease_id=self._next_lease)
-            self._next_lease += 2**32
+            self._next_lease += LEASE_STRIDE
         # Never past the parent's limit in total, even while a sibling still holds more than its new share.
         state.limit = min(ceiling, share, state.in_flight + free)
         return limit, state
@@ -207,7 +210,7 @@ class Admission:
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = ConcurrencyState(limit.concurrency, first_lease_id=self._next_lease)
-            self._next_lease += 2**32  # lease ids of different keys never collide
+            self._next_lease += LEASE_STRIDE
         if limit.adaptive is None:
             state.limit = limit.concurrency  # follows rule changes
             self.adaptive.pop(key, None)
