@@ -76,6 +76,11 @@ bench-policy: venv
 bench-adaptive: venv
 	$(BIN)/python bench/adaptive_limit.py
 
+# The same Algorithm 1 against a real upstream app behind `sluicegate proxy` (acquire): fixed-limit sweep, trace of L (~40 s).
+.PHONY: bench-adaptive-upstream
+bench-adaptive-upstream: venv
+	$(BIN)/python bench/adaptive_upstream.py
+
 # `sluicegate proxy` overhead: wrk against nginx directly vs through the proxy (pass, check, acquire); about 1 minute.
 .PHONY: bench-proxy
 bench-proxy: venv bench-deps
