@@ -237,7 +237,7 @@ class AdapterSide:
                 # fallback): charging now would charge for nothing.
                 del self._parked[ident]
                 self.expired += 1
-            elif all(self._ready(key) or (key not in buckets and not _is_valid_key(key)) for key, _ in checks):
+            elif all(self._ready(key) or (key not in buckets and not is_valid_key(key)) for key, _ in checks):
                 del self._parked[ident]
                 if held:  # an acquire or a waiting check: decided or queued now
                     (key, cost), (kind, ttl_ms, wait_ms) = checks[0], held[0]
@@ -249,7 +249,7 @@ class AdapterSide:
         return replies
 
 
-def _is_valid_key(key: bytes) -> bool:
+def is_valid_key(key: bytes) -> bool:
     """What the store accepts as a key: UTF-8 without NUL (anything else is answered INVALID)."""
     if b"\x00" in key:
         return False

@@ -36,7 +36,7 @@ from sluicegate.bucket import Bucket
 from sluicegate.policy import decide
 from sluicegate.rules import MAIN_LIMIT, Rule
 from sluicegate.server.admission import ACQUIRE, CHECK, Admission
-from sluicegate.server.intake import NEVER_FULL, AdapterSide, Address, Ident, Taken, _is_valid_key
+from sluicegate.server.intake import NEVER_FULL, AdapterSide, Address, Ident, Taken, is_valid_key
 from sluicegate.server.replies import ReplyCache
 from sluicegate.server.rulebook import RuleBook
 
@@ -148,7 +148,7 @@ class Partition(AdapterSide):
         if ident in self._parked or self.admission.is_waiting(ident):
             self.duplicates += 1  # a retry of a request still waiting: it is answered once, later
             return None
-        if not _is_valid_key(key):
+        if not is_valid_key(key):
             invalid = (codec.STATUS_INVALID, 0, 0, 0, 0, b"")
             if kind == ACQUIRE:
                 return wire.encode_acquire_reply(request_id, invalid, 0)
@@ -213,7 +213,7 @@ class Partition(AdapterSide):
         if ident in self._parked:
             self.duplicates += 1
             return None
-        missing = [key for key, _ in checks if not self._ready(key) and _is_valid_key(key)]
+        missing = [key for key, _ in checks if not self._ready(key) and is_valid_key(key)]
         if missing:
             self._parked[ident] = (now_ns, checks)
             self._wanted.update(key for key in missing if key not in self._loading and key not in self.buckets)
