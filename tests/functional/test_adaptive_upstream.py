@@ -20,14 +20,14 @@ About 18 s.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.conftest import script_module
 
 BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "adaptive_upstream.py"
 FIXED = (15, 30, 60)  # below, at and past the app's knee
@@ -46,14 +46,8 @@ class Fixed:
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("adaptive_upstream_bench", BENCH_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
+    with script_module(BENCH_SCRIPT, "adaptive_upstream_bench") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ average, a FIFO admission queue with the limit as its window.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from sluicegate.adaptive import AdaptiveLimit, percentile95
+from tests.conftest import script_module
 
 MS = 1_000_000
 SECOND = 1_000 * MS
@@ -151,14 +150,8 @@ def test_negative_times_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def sim():
-    spec = importlib.util.spec_from_file_location("adaptive_limit_bench", BENCH_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
+    with script_module(BENCH_SCRIPT, "adaptive_limit_bench") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 @pytest.fixture(scope="module")
