@@ -53,6 +53,8 @@ class Admission:
         self.queues: dict[bytes, WaitQueue] = {}
         self._waiting: set[Ident] = set()
         self._next_lease = 1
+        # A lease or a waiter was added, or a waiter's next look moved: the adapter's timer may be late.
+        self.rearm = False
         self.reclaimed = 0  # leases taken back after their ttl
         self.waited = 0  # requests that were held, then answered
 
@@ -82,6 +84,7 @@ class Admission:
         if expected_ns:  # look again when it should fit (a release also looks at once)
             waiter.data["ready_ns"] = now_ns + expected_ns
         self.queues.setdefault(key, WaitQueue()).push(waiter)
+        self.rearm = True
         self._waiting.add(ident)
         return None
 
@@ -237,6 +240,7 @@ class Admission:
             return result, 0
         limit, state = found
         lease = state.try_acquire(cost, ttl_ms * MS, now_ns)
+        self.rearm = True
         if lease is None:  # shadow concurrency limit without room: admitted, reported
             return (result[0] | codec.FLAG_WOULD_DENY, 0, 0, state.limit, 0, limit.name.encode()), 0
         return (result[0], state.limit - state.in_flight, 0, state.limit, 0, result[5]), lease.lease_id
@@ -279,6 +283,7 @@ class Admission:
                 partition.denied -= 1  # not an answer yet: it keeps waiting
                 if result[2] < NEVER_MS and result[5] == b"rate":
                     head.data["ready_ns"] = now_ns + result[2] * MS
+                    self.rearm = True
                 return
             queue.pop()
             self._waiting.discard(head.ident)

@@ -58,13 +58,14 @@ class PartitionServer:
             self._send(reply, addr)
         if partition.wants_rules:
             self.keeper.need_rules()
-        if partition.outbox or partition.admission.states or partition.admission.queues:
+        if partition.outbox or partition.admission.rearm:
             self._after()
 
     def _after(self) -> None:
         """Send replies that requests which waited are due, and wake up for the next timed event."""
         for reply, addr in self.partition.take_outbox():
             self._send(reply, addr)
+        self.partition.admission.rearm = False
         event = self.partition.next_event_ns()
         if event is None or (self._timer is not None and self._timer_at <= event):
             return
